@@ -1,0 +1,145 @@
+/* Finding allocators on this machine: glibc is the C library this command itself runs on;
+ * the others are looked up by their Debian sonames in the library directories. */
+#include <elf.h>
+#include <fcntl.h>
+#include <gnu/libc-version.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    const char *sonames[3];
+} known[AL_MAX_ALLOCATORS] = {
+    { "glibc", { NULL } },
+    { "jemalloc", { "libjemalloc.so.2", "libjemalloc.so", NULL } },
+    { "tcmalloc", { "libtcmalloc.so.4", "libtcmalloc_minimal.so.4", NULL } },
+    { "mimalloc", { "libmimalloc.so.2", "libmimalloc.so", NULL } },
+};
+
+static const char *const lib_dirs[] = {
+    "/usr/local/lib/x86_64-linux-gnu", "/usr/local/lib", "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", NULL,
+};
+
+static int find_libc(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    const char *base = strrchr(info->dlpi_name, '/');
+    if (base && strncmp(base + 1, "libc.so", 7) == 0) {
+        snprintf(data, PATH_MAX, "%s", info->dlpi_name);
+        return 1;
+    }
+    return 0;
+}
+
+/* "libtcmalloc.so.4.5.10" -> "4.5.10": the library's own file name is the best a listing
+ * can do without loading it (the report asks the allocator itself). */
+static void version_from_file(const char *path, char *out, size_t cap)
+{
+    char real[PATH_MAX];
+    const char *p = realpath(path, real) ? real : path;
+    const char *so = strstr(p, ".so.");
+    snprintf(out, cap, "%s", so ? so + 4 : "");
+}
+
+static bool is_shared_object(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    Elf64_Ehdr eh;
+    bool ok = read(fd, &eh, sizeof eh) == sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+              eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_type == ET_DYN;
+    close(fd);
+    return ok;
+}
+
+static bool lookup(int i, struct al_found_allocator *a)
+{
+    a->name = known[i].name;
+    a->version[0] = '\0';
+    if (i == 0) {
+        if (!dl_iterate_phdr(find_libc, a->path))
+            return false;
+        snprintf(a->version, sizeof a->version, "%s", gnu_get_libc_version());
+        return true;
+    }
+    for (int s = 0; known[i].sonames[s]; s++) {
+        for (int d = 0; lib_dirs[d]; d++) {
+            snprintf(a->path, sizeof a->path, "%s/%s", lib_dirs[d], known[i].sonames[s]);
+            if (is_shared_object(a->path)) {
+                version_from_file(a->path, a->version, sizeof a->version);
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+int _al_cli_find_allocators(struct al_found_allocator *out, int cap)
+{
+    int n = 0;
+    for (int i = 0; i < AL_MAX_ALLOCATORS && n < cap; i++)
+        if (lookup(i, &out[n]))
+            n++;
+    return n;
+}
+
+int _al_cli_resolve_allocator(const char *arg, struct al_found_allocator *ret)
+{
+    if (strchr(arg, '/')) {
+        if (!realpath(arg, ret->path)) {
+            fprintf(stderr, "alloclens: allocator library '%s' does not exist\n", arg);
+            return -1;
+        }
+        if (!is_shared_object(ret->path)) {
+            fprintf(stderr, "alloclens: '%s' is not a 64-bit ELF shared library\n", arg);
+            return -1;
+        }
+        const char *base = strrchr(ret->path, '/');
+        ret->name = base ? base + 1 : ret->path;
+        version_from_file(ret->path, ret->version, sizeof ret->version);
+        return 0;
+    }
+    for (int i = 0; i < AL_MAX_ALLOCATORS; i++) {
+        if (strcmp(arg, known[i].name) != 0)
+            continue;
+        if (lookup(i, ret))
+            return 0;
+        fprintf(stderr, "alloclens: allocator '%s' is not installed on this machine\n", arg);
+        return -1;
+    }
+    struct al_found_allocator found[AL_MAX_ALLOCATORS];
+    int n = _al_cli_find_allocators(found, AL_MAX_ALLOCATORS);
+    char list[256] = "";
+    for (int i = 0; i < n; i++) {
+        strcat(list, i ? ", " : "");
+        strcat(list, found[i].name);
+    }
+    fprintf(stderr, "alloclens: unknown allocator '%s'; found here: %s (or give the path of a shared library)\n",
+            arg, n ? list : "none");
+    return -1;
+}
+
+int _al_cli_cmd_allocators(int argc, char **argv)
+{
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: alloclens allocators\n\nLists the allocators found on this machine, one a line:\n"
+               "NAME<TAB>PATH<TAB>VERSION. Any of the names, or a library path, is a valid -a.\n");
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "alloclens: 'allocators' takes no arguments\n");
+        return 2;
+    }
+    struct al_found_allocator found[AL_MAX_ALLOCATORS];
+    int n = _al_cli_find_allocators(found, AL_MAX_ALLOCATORS);
+    for (int i = 0; i < n; i++)
+        printf("%s\t%s\t%s\n", found[i].name, found[i].path, found[i].version);
+    return 0;
+}

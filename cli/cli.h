@@ -1,0 +1,33 @@
+/* cli/ internal API: the subcommands of the alloclens command and what they share. */
+#ifndef ALLOCLENS_CLI_H
+#define ALLOCLENS_CLI_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+struct al_found_allocator {
+    const char *name;
+    char path[PATH_MAX];
+    char version[64];
+};
+
+#define AL_MAX_ALLOCATORS 4
+
+/* allocators.c: the allocators installed on this machine, in a fixed order. */
+int _al_cli_find_allocators(struct al_found_allocator *out, int cap);
+/* Resolves -a's argument (a name or a path); 0, or prints one error line and returns -1. */
+int _al_cli_resolve_allocator(const char *arg, struct al_found_allocator *ret);
+int _al_cli_cmd_allocators(int argc, char **argv);
+
+/* run.c */
+int _al_cli_cmd_run(int argc, char **argv);
+int _al_cli_cmd_demo(int argc, char **argv);
+void _al_cli_run_usage(FILE *f);
+
+/* main.c: files installed beside the command (build tree or install tree) */
+int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, size_t cap);
+extern const char *_al_cli_self;
+
+#endif

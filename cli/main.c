@@ -1,0 +1,73 @@
+/* The alloclens command: subcommand dispatch, top-level help, and finding the files that
+ * ship beside it (the preload library, the demo workload) in a build tree or an install. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "cli.h"
+
+const char *_al_cli_self;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: alloclens COMMAND [ARGS...]\n"
+            "\n"
+            "Profiles the memory allocator behind a program: every malloc-family call and C++\n"
+            "operator new/delete is timed in front of the allocator you choose.\n"
+            "\n"
+            "commands:\n"
+            "  run [-a ALLOCATOR] [-o REPORT.json] [options] -- CMD [ARGS...]\n"
+            "                 run CMD under the profiler; report on stderr at exit\n"
+            "  allocators     list the allocators found on this machine (name, path, version)\n"
+            "  demo           profile the bundled workload under every allocator found\n"
+            "  help           this text; 'alloclens run --help' lists every run option\n"
+            "\n"
+            "alloclens %s\n",
+            ALLOCLENS_VERSION);
+}
+
+int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, size_t cap)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(out, cap, "%s/%s", self, build_rel);
+            if (access(out, R_OK) == 0)
+                return 0;
+        }
+    }
+    snprintf(out, cap, "%s/%s", ALLOCLENS_INSTALL_LIBDIR, install_name);
+    return access(out, R_OK) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    _al_cli_self = argv[0];
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run"))
+        return _al_cli_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "allocators"))
+        return _al_cli_cmd_allocators(argc - 1, argv + 1);
+    if (!strcmp(cmd, "demo"))
+        return _al_cli_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("alloclens %s\n", ALLOCLENS_VERSION);
+        return 0;
+    }
+    fprintf(stderr, "alloclens: unknown command '%s' (try 'alloclens --help')\n", cmd);
+    return 2;
+}

@@ -1,0 +1,212 @@
+/* alloclens run: put liballoclens.so and the chosen allocator in front of a command and
+ * exec it in place, so its stdin, stdout, stderr, signals and exit status are its own. The
+ * report is written by the library when the program exits. Also alloclens demo. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "profiler.h"
+
+void _al_cli_run_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: alloclens run [-a ALLOCATOR] [-o REPORT.json] [options] -- CMD [ARGS...]\n"
+            "\n"
+            "Runs CMD with alloclens in front of ALLOCATOR and prints the report on stderr when\n"
+            "it exits. CMD's output, signals and exit status are its own. Processes CMD forks\n"
+            "or execs write REPORT.<pid>.json beside REPORT.json.\n"
+            "\n"
+            "  -a, --allocator NAME|PATH   glibc (default), jemalloc, tcmalloc, mimalloc, or the\n"
+            "                              path of any shared library that exports malloc\n"
+            "  -o, --output FILE           also write the JSON report to FILE\n");
+    for (int i = 0; i < AL_OPT_N; i++) {
+        const struct al_option *o = &_al_options[i];
+        if (o->set_by_run || i == AL_OPT_OUTPUT)
+            continue;
+        fprintf(f, "      --%-22s %s (default '%s'; env %s)\n", o->name, o->desc, o->def, o->env);
+    }
+    fprintf(f, "  -h, --help                  this text\n"
+               "\nEvery option is also an environment variable for direct use:\n"
+               "  LD_PRELOAD=liballoclens.so ALLOCLENS_OUTPUT=r.json CMD\n");
+}
+
+static const struct al_option *find_option(const char *name, size_t len)
+{
+    for (int i = 0; i < AL_OPT_N; i++) {
+        const struct al_option *o = &_al_options[i];
+        if (!o->set_by_run && strlen(o->name) == len && strncmp(o->name, name, len) == 0)
+            return o;
+    }
+    return NULL;
+}
+
+/* The report is opened by the program at exit, after it may have changed directory. */
+static int absolute_output(const char *path, char *out, size_t cap)
+{
+    if (path[0] == '/') {
+        snprintf(out, cap, "%s", path);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd))
+            return -1;
+        snprintf(out, cap, "%s/%s", cwd, path);
+    }
+    int fd = open(out, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "alloclens: cannot write the report to %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+static int set_value(const struct al_option *o, const char *value)
+{
+    if (o->type != AL_OPT_STRING) {
+        long long v;
+        int r = _al_option_parse_num(o, value, &v);
+        if (r == -ERANGE) {
+            fprintf(stderr, "alloclens: --%s %s is out of range [%lld, %lld]\n", o->name, value, o->min, o->max);
+            return -1;
+        }
+        if (r < 0) {
+            fprintf(stderr, "alloclens: --%s wants a number, not '%s'\n", o->name, value);
+            return -1;
+        }
+    }
+    char abs[PATH_MAX];
+    if (o == &_al_options[AL_OPT_OUTPUT] || (o == &_al_options[AL_OPT_TEXT] && strcmp(value, "-") && strcmp(value, "off"))) {
+        if (absolute_output(value, abs, sizeof abs) < 0)
+            return -1;
+        value = abs;
+    }
+    setenv(o->env, value, 1);
+    return 0;
+}
+
+static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
+{
+    char lib[PATH_MAX];
+    if (_al_cli_sibling("../interpose/liballoclens.so", "liballoclens.so", lib, sizeof lib) < 0) {
+        fprintf(stderr, "alloclens: cannot find liballoclens.so (looked beside this command and in %s)\n", lib);
+        return 2;
+    }
+    const char *old = getenv("LD_PRELOAD");
+    size_t len = strlen(lib) + strlen(alloc->path) + (old ? strlen(old) : 0) + 3;
+    char *preload = malloc(len);
+    if (!preload)
+        return 2;
+    snprintf(preload, len, "%s %s%s%s", lib, alloc->path, old && *old ? " " : "", old && *old ? old : "");
+    setenv("LD_PRELOAD", preload, 1);
+    setenv(_al_options[AL_OPT_ALLOCATOR].env, alloc->path, 1);
+    char pid[24];
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    setenv(_al_options[AL_OPT_MAIN_PID].env, pid, 1);
+    execvp(cmd[0], cmd);
+    int e = errno;
+    fprintf(stderr, "alloclens: cannot run %s: %s\n", cmd[0], strerror(e));
+    return e == ENOENT ? 127 : 126;
+}
+
+int _al_cli_cmd_run(int argc, char **argv)
+{
+    const char *alloc_arg = "glibc";
+    int i = 1;
+    for (; i < argc; i++) {
+        char *a = argv[i];
+        if (!strcmp(a, "--"))  {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            _al_cli_run_usage(stdout);
+            return 0;
+        }
+        if (a[0] != '-')
+            break;
+        const char *value = NULL;
+        const struct al_option *o = NULL;
+        bool is_alloc = false;
+        if (!strcmp(a, "-a") || !strcmp(a, "--allocator")) {
+            is_alloc = true;
+        } else if (!strncmp(a, "--allocator=", 12)) {
+            is_alloc = true;
+            value = a + 12;
+        } else if (!strcmp(a, "-o")) {
+            o = &_al_options[AL_OPT_OUTPUT];
+        } else if (a[1] == '-') {
+            const char *eq = strchr(a + 2, '=');
+            size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+            o = find_option(a + 2, len);
+            if (eq)
+                value = eq + 1;
+        }
+        if (!o && !is_alloc) {
+            fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens run --help')\n", a);
+            return 2;
+        }
+        if (!value) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "alloclens: option '%s' needs a value\n", a);
+                return 2;
+            }
+            value = argv[++i];
+        }
+        if (is_alloc)
+            alloc_arg = value;
+        else if (set_value(o, value) < 0)
+            return 2;
+    }
+    if (i >= argc) {
+        fprintf(stderr, "alloclens: no command to run (usage: alloclens run [options] -- CMD [ARGS...])\n");
+        return 2;
+    }
+    struct al_found_allocator alloc;
+    if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0)
+        return 2;
+    return exec_profiled(&alloc, argv + i);
+}
+
+int _al_cli_cmd_demo(int argc, char **argv)
+{
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: alloclens demo\n\nProfiles the bundled workload (malloc_bench: 2 threads, mixed sizes)\n"
+               "under every allocator found and prints each report.\n");
+        return 0;
+    }
+    char bench[PATH_MAX];
+    if (_al_cli_sibling("../bench/malloc_bench", "malloc_bench", bench, sizeof bench) < 0) {
+        fprintf(stderr, "alloclens: cannot find the demo workload malloc_bench\n");
+        return 2;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return 2;
+    self[n] = '\0';
+    struct al_found_allocator found[AL_MAX_ALLOCATORS];
+    int count = _al_cli_find_allocators(found, AL_MAX_ALLOCATORS);
+    int worst = 0;
+    for (int k = 0; k < count; k++) {
+        fprintf(stderr, "\n######## %s (%s) ########\n", found[k].name, found[k].path);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid == 0) {
+            char *args[] = { self, "run", "-a", (char *)found[k].name, "--", bench, NULL };
+            execv(self, args);
+            _exit(127);
+        }
+        int status = 0;
+        if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) {
+            fprintf(stderr, "alloclens: the demo under %s failed\n", found[k].name);
+            worst = 1;
+        }
+    }
+    return worst;
+}

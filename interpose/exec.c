@@ -1,0 +1,133 @@
+/* The exec family: an image about to be replaced writes its report first (the new image,
+ * preloaded again through the environment, writes its own at exit). If the exec fails, the
+ * early report is withdrawn and this image goes on as before. errno is kept as exec left it. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <unistd.h>
+
+#include "interpose.h"
+
+typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+typedef int (*execv_fn)(const char *, char *const[]);
+typedef int (*fexecve_fn)(int, char *const[], char *const[]);
+
+/* Resolved at start-up: a vfork child calling exec must not need the dynamic loader. */
+static struct {
+    execve_fn execve, execvpe;
+    execv_fn execv, execvp;
+    fexecve_fn fexecve;
+} next;
+
+void _al_exec_resolve(void)
+{
+    next.execve = (execve_fn)dlsym(RTLD_NEXT, "execve");
+    next.execvpe = (execve_fn)dlsym(RTLD_NEXT, "execvpe");
+    next.execv = (execv_fn)dlsym(RTLD_NEXT, "execv");
+    next.execvp = (execv_fn)dlsym(RTLD_NEXT, "execvp");
+    next.fexecve = (fexecve_fn)dlsym(RTLD_NEXT, "fexecve");
+}
+
+static int failed(int rc)
+{
+    int saved = errno;
+    _al_process_exec_failed();
+    errno = saved;
+    return rc;
+}
+
+AL_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+    if (AL_UNLIKELY(!next.execve)) {
+        errno = ENOSYS;
+        return -1;
+    }
+    _al_process_before_exec();
+    return failed(next.execve(path, argv, envp));
+}
+
+AL_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+    if (AL_UNLIKELY(!next.execvpe)) {
+        errno = ENOSYS;
+        return -1;
+    }
+    _al_process_before_exec();
+    return failed(next.execvpe(file, argv, envp));
+}
+
+AL_EXPORT int execv(const char *path, char *const argv[])
+{
+    if (AL_UNLIKELY(!next.execv)) {
+        errno = ENOSYS;
+        return -1;
+    }
+    _al_process_before_exec();
+    return failed(next.execv(path, argv));
+}
+
+AL_EXPORT int execvp(const char *file, char *const argv[])
+{
+    if (AL_UNLIKELY(!next.execvp)) {
+        errno = ENOSYS;
+        return -1;
+    }
+    _al_process_before_exec();
+    return failed(next.execvp(file, argv));
+}
+
+AL_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+    if (AL_UNLIKELY(!next.fexecve)) {
+        errno = ENOSYS;
+        return -1;
+    }
+    _al_process_before_exec();
+    return failed(next.fexecve(fd, argv, envp));
+}
+
+/* The list forms: gather the arguments into an array on the stack (no allocation) and take
+ * the array path. `envp_out` receives execle's environment, which follows the NULL. */
+#define COLLECT_ARGS(arg0, argv, with_env, envp_out)                                  \
+    size_t argc_ = 1;                                                       \
+    {                                                                       \
+        va_list ap_;                                                        \
+        va_start(ap_, arg0);                                                \
+        while (va_arg(ap_, char *))                                         \
+            argc_++;                                                        \
+        va_end(ap_);                                                        \
+    }                                                                       \
+    char *argv[argc_ + 1];                                                  \
+    {                                                                       \
+        va_list ap_;                                                        \
+        va_start(ap_, arg0);                                                \
+        argv[0] = (char *)arg0;                                             \
+        for (size_t i_ = 1; i_ <= argc_; i_++)                              \
+            argv[i_] = va_arg(ap_, char *);                                 \
+        if (with_env)                                                       \
+            envp_out = va_arg(ap_, char **);                                \
+        va_end(ap_);                                                        \
+    }
+
+AL_EXPORT int execl(const char *path, const char *arg, ...)
+{
+    char **unused = NULL;
+    COLLECT_ARGS(arg, argv, 0, unused);
+    (void)unused;
+    return execv(path, argv);
+}
+
+AL_EXPORT int execlp(const char *file, const char *arg, ...)
+{
+    char **unused = NULL;
+    COLLECT_ARGS(arg, argv, 0, unused);
+    (void)unused;
+    return execvp(file, argv);
+}
+
+AL_EXPORT int execle(const char *path, const char *arg, ...)
+{
+    char **envp = NULL;
+    COLLECT_ARGS(arg, argv, 1, envp);
+    return execve(path, argv, envp);
+}

@@ -1,0 +1,65 @@
+/* interpose/ internal API: the resolved forwarding targets, the slow entry, the bootstrap
+ * pool. The exported entry points themselves live in wrappers.c, threads.c and exec.c. */
+#ifndef ALLOCLENS_INTERPOSE_H
+#define ALLOCLENS_INTERPOSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "profiler.h"
+
+#define AL_EXPORT __attribute__((visibility("default")))
+
+/* (size_t n) -> size_t n: lets a row's parameter list be spliced into a longer one. */
+#define AL_UNPAREN_(...) __VA_ARGS__
+#define AL_STRIP(x) AL_UNPAREN_ x
+
+#define AL_RET_ALLOC void *
+#define AL_RET_REALLOC void *
+#define AL_RET_FREE void
+#define AL_RET_MEMALIGN int
+
+struct al_real_fns {
+#define AL_ENTRY(kind, op, sym, params, args, size, target) AL_RET_##kind (*sym) params;
+#include "entries.def"
+#undef AL_ENTRY
+    size_t (*malloc_usable_size)(void *);
+};
+
+/* Where each entry point forwards to, and (for the C++ operators we build on the malloc
+ * family) the next definition, used only when the allocator fails: it runs the new-handler
+ * loop and throws std::bad_alloc, which C cannot. */
+extern struct al_real_fns _al_real, _al_next;
+
+/* calloc's and reallocarray's byte count; SIZE_MAX when it overflows (the call then fails in
+ * the allocator, and the report counts it as a large request). */
+static inline size_t _al_mul_size(size_t k, size_t n)
+{
+    size_t r;
+    return __builtin_mul_overflow(k, n, &r) ? SIZE_MAX : r;
+}
+
+/* exec.c, threads.c: their forwarding targets, resolved with the rest at start-up */
+void _al_exec_resolve(void);
+void _al_threads_resolve(void);
+
+/* real.c */
+int _al_real_resolve(void);
+/* The first call of a thread, a nested call, or a call before start-up finished: returns the
+ * thread's state with busy set when the call is to be counted, NULL when it must only be
+ * forwarded. */
+struct al_thread *_al_enter_slow(void);
+
+/* bootstrap.c: serves dlsym's own allocations while the real functions are being resolved */
+void *_al_bootstrap_alloc(size_t size);
+void *_al_bootstrap_realloc(void *p, size_t size);
+size_t _al_bootstrap_usable_size(const void *p);
+extern char _al_bootstrap_pool[];
+extern const size_t _al_bootstrap_pool_size;
+
+static inline int _al_bootstrap_owns(const void *p)
+{
+    return (const char *)p >= _al_bootstrap_pool && (const char *)p < _al_bootstrap_pool + _al_bootstrap_pool_size;
+}
+
+#endif

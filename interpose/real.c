@@ -1,0 +1,137 @@
+/* Resolving the real allocator behind alloclens, the forwarding targets the allocator does
+ * not provide itself, and start-up.
+ *
+ * Every C entry point forwards to the next definition in the search order: the allocator
+ * LD_PRELOADed right after us (libc.so.6 itself for glibc). The C++ operators forward to the
+ * allocator's own operators when its library defines them (jemalloc, tcmalloc and mimalloc
+ * do, with their own sized and aligned paths); otherwise they are built here on its malloc
+ * family, falling back to the C++ runtime's operator only when the allocator fails, so the
+ * new-handler and std::bad_alloc behave exactly as without us.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "interpose.h"
+
+struct al_real_fns _al_real, _al_next;
+
+/* ---- targets built here ------------------------------------------------------------------ */
+
+#define FALLBACK_NEXT(kind, sym, params, args)
+#define FALLBACK_NEXT_OR_FREE(kind, sym, params, args) \
+    static void fb_##sym params { _al_real.free(p); }
+#define FALLBACK_NEXT_OR_REALLOCARRAY(kind, sym, params, args)         \
+    static void *fb_##sym params                                       \
+    {                                                                  \
+        size_t bytes;                                                  \
+        if (__builtin_mul_overflow(k, n, &bytes)) {                    \
+            errno = ENOMEM;                                            \
+            return NULL;                                               \
+        }                                                              \
+        return _al_real.realloc(p, bytes);                             \
+    }
+#define FALLBACK_OWN_NEW(kind, sym, params, args)                      \
+    static void *fb_##sym params                                       \
+    {                                                                  \
+        void *r = _al_real.malloc(n ? n : 1);                          \
+        if (__builtin_expect(!r && _al_next.sym, 0))                   \
+            r = _al_next.sym args;                                     \
+        return r;                                                      \
+    }
+#define FALLBACK_OWN_NEW_ALIGNED(kind, sym, params, args)              \
+    static void *fb_##sym params                                       \
+    {                                                                  \
+        void *r = NULL;                                                \
+        if (_al_real.posix_memalign(&r, a < sizeof(void *) ? sizeof(void *) : a, n ? n : 1)) \
+            r = NULL;                                                  \
+        if (__builtin_expect(!r && _al_next.sym, 0))                   \
+            r = _al_next.sym args;                                     \
+        return r;                                                      \
+    }
+#define FALLBACK_OWN_DELETE(kind, sym, params, args) \
+    static void fb_##sym params { _al_real.free(p); }
+
+#define AL_ENTRY(kind, op, sym, params, args, size, target) FALLBACK_##target(kind, sym, params, args)
+#include "entries.def"
+#undef AL_ENTRY
+
+/* ---- resolution ------------------------------------------------------------------------- */
+
+static void *object_base(const void *fn)
+{
+    Dl_info info;
+    return fn && dladdr(fn, &info) ? info.dli_fbase : NULL;
+}
+
+#define RESOLVE_NEXT(sym) _al_real.sym = (__typeof__(_al_real.sym))dlsym(RTLD_NEXT, #sym);
+#define RESOLVE_NEXT_OR_FREE(sym)                                          \
+    _al_real.sym = (__typeof__(_al_real.sym))dlsym(RTLD_NEXT, #sym);       \
+    if (!_al_real.sym)                                                     \
+        _al_real.sym = fb_##sym;
+#define RESOLVE_NEXT_OR_REALLOCARRAY(sym) RESOLVE_NEXT_OR_FREE(sym)
+#define RESOLVE_OWN(sym)                                                   \
+    _al_next.sym = (__typeof__(_al_next.sym))dlsym(RTLD_NEXT, #sym);       \
+    _al_real.sym = object_base((const void *)_al_next.sym) == allocator ? _al_next.sym : fb_##sym;
+#define RESOLVE_OWN_NEW(sym) RESOLVE_OWN(sym)
+#define RESOLVE_OWN_NEW_ALIGNED(sym) RESOLVE_OWN(sym)
+#define RESOLVE_OWN_DELETE(sym) RESOLVE_OWN(sym)
+
+int _al_real_resolve(void)
+{
+    _al_real.malloc = (__typeof__(_al_real.malloc))dlsym(RTLD_NEXT, "malloc");
+    void *allocator = object_base((const void *)_al_real.malloc);
+    if (!_al_real.malloc || !allocator)
+        return -ENOENT;
+#define AL_ENTRY(kind, op, sym, params, args, size, target) RESOLVE_##target(sym)
+#include "entries.def"
+#undef AL_ENTRY
+    _al_real.malloc_usable_size = (__typeof__(_al_real.malloc_usable_size))dlsym(RTLD_NEXT, "malloc_usable_size");
+    _al_exec_resolve();
+    _al_threads_resolve();
+    if (!_al_real.free || !_al_real.calloc || !_al_real.realloc || !_al_real.posix_memalign)
+        return -ENOENT;
+    return 0;
+}
+
+/* ---- start-up -------------------------------------------------------------------------- */
+
+extern void *_al_own_malloc(size_t);
+
+static const void *real_malloc_addr(void)
+{
+    return (const void *)_al_real.malloc;
+}
+
+static const void *own_malloc_addr(void)
+{
+    return (const void *)_al_own_malloc;
+}
+
+static const struct al_process_hooks hooks = {
+    .resolve = _al_real_resolve,
+    .malloc_addr = real_malloc_addr,
+    .own_malloc = own_malloc_addr,
+};
+
+AL_NOINLINE struct al_thread *_al_enter_slow(void)
+{
+    if (_al_tls)
+        return NULL; /* nested inside one of our calls */
+    if (AL_UNLIKELY(atomic_load_explicit(&_al_state, memory_order_acquire) != AL_STATE_READY)) {
+        int saved = errno;
+        _al_process_init(&hooks);
+        errno = saved;
+        if (atomic_load_explicit(&_al_state, memory_order_acquire) != AL_STATE_READY)
+            return NULL; /* start-up is resolving symbols on this very thread */
+    }
+    return _al_thread_attach();
+}
+
+__attribute__((constructor)) static void alloclens_start(void)
+{
+    if (atomic_load(&_al_state) != AL_STATE_READY)
+        _al_process_init(&hooks);
+    _al_process_start();
+}

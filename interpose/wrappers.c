@@ -1,0 +1,147 @@
+/* The exported allocation entry points, one per row of entries.def, all made by the macros
+ * below. Each one is the fast path: find the thread's state, time the real call with the
+ * cycle counter, count it; anything unusual (first call of a thread, a nested call, start-up)
+ * goes to an out-of-line slow path. The profiler's own calls are forwarded uncounted thanks
+ * to the thread's busy flag. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "interpose.h"
+
+#define TIMED_ALLOC(op, sym, params, args, size)                                       \
+    static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
+                                                                   AL_STRIP(params))   \
+    {                                                                                  \
+        uint64_t c0 = _al_tsc();                                                       \
+        void *r = _al_real.sym args;                                                   \
+        uint64_t c1 = _al_tsc();                                                       \
+        _al_record_alloc(t, AL_OP_##op, (size), r, c1 - c0);                           \
+        return r;                                                                      \
+    }
+
+#define WRAP_ALLOC(op, sym, params, args, size)                                        \
+    TIMED_ALLOC(op, sym, params, args, size)                                           \
+    static AL_NOINLINE void *slow_##sym params                                         \
+    {                                                                                  \
+        struct al_thread *t = _al_enter_slow();                                        \
+        if (t)                                                                         \
+            return timed_##sym(t, AL_STRIP(args));                                     \
+        if (AL_LIKELY(_al_real.sym != NULL))                                           \
+            return _al_real.sym args;                                                  \
+        return _al_bootstrap_alloc(size);                                              \
+    }                                                                                  \
+    AL_EXPORT void *sym params                                                         \
+    {                                                                                  \
+        struct al_thread *t = _al_tls;                                                 \
+        if (AL_UNLIKELY(!t || t->busy))                                                \
+            return slow_##sym args;                                                    \
+        t->busy = 1;                                                                   \
+        return timed_##sym(t, AL_STRIP(args));                                         \
+    }
+
+#define WRAP_REALLOC(op, sym, params, args, size)                                      \
+    TIMED_ALLOC(op, sym, params, args, size)                                           \
+    static AL_NOINLINE void *slow_##sym params                                         \
+    {                                                                                  \
+        if (_al_bootstrap_owns(p))                                                     \
+            return _al_bootstrap_realloc(p, (size));                                   \
+        struct al_thread *t = _al_enter_slow();                                        \
+        if (t)                                                                         \
+            return timed_##sym(t, AL_STRIP(args));                                     \
+        if (AL_LIKELY(_al_real.sym != NULL))                                           \
+            return _al_real.sym args;                                                  \
+        void *r = _al_bootstrap_alloc(size);                                           \
+        return r;                                                                      \
+    }                                                                                  \
+    AL_EXPORT void *sym params                                                         \
+    {                                                                                  \
+        struct al_thread *t = _al_tls;                                                 \
+        if (AL_UNLIKELY(!t || t->busy || _al_bootstrap_owns(p)))                       \
+            return slow_##sym args;                                                    \
+        t->busy = 1;                                                                   \
+        return timed_##sym(t, AL_STRIP(args));                                         \
+    }
+
+/* The size class of a freed object is read before the real free: once the allocator has the
+ * address back, another thread may be handed it and re-mark it. */
+#define WRAP_FREE(op, sym, params, args, size)                                         \
+    static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
+                                                                  AL_STRIP(params))    \
+    {                                                                                  \
+        unsigned large = p ? _al_shadow_is_large(p) : 0;                               \
+        uint64_t c0 = _al_tsc();                                                       \
+        _al_real.sym args;                                                             \
+        uint64_t c1 = _al_tsc();                                                       \
+        _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
+    }                                                                                  \
+    static AL_NOINLINE void slow_##sym params                                          \
+    {                                                                                  \
+        struct al_thread *t = _al_enter_slow();                                        \
+        if (t)                                                                         \
+            timed_##sym(t, AL_STRIP(args));                                            \
+        else if (AL_LIKELY(_al_real.sym != NULL))                                      \
+            _al_real.sym args;                                                         \
+    }                                                                                  \
+    AL_EXPORT void sym params                                                          \
+    {                                                                                  \
+        if (AL_UNLIKELY(_al_bootstrap_owns(p)))                                        \
+            return;                                                                    \
+        struct al_thread *t = _al_tls;                                                 \
+        if (AL_UNLIKELY(!t || t->busy)) {                                              \
+            slow_##sym args;                                                           \
+            return;                                                                    \
+        }                                                                              \
+        t->busy = 1;                                                                   \
+        timed_##sym(t, AL_STRIP(args));                                                \
+    }
+
+#define WRAP_MEMALIGN(op, sym, params, args, size)                                     \
+    static inline __attribute__((always_inline)) int timed_##sym(struct al_thread *t,  \
+                                                                 AL_STRIP(params))     \
+    {                                                                                  \
+        uint64_t c0 = _al_tsc();                                                       \
+        int rc = _al_real.sym args;                                                    \
+        uint64_t c1 = _al_tsc();                                                       \
+        _al_record_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL, c1 - c0);       \
+        return rc;                                                                     \
+    }                                                                                  \
+    static AL_NOINLINE int slow_##sym params                                           \
+    {                                                                                  \
+        struct al_thread *t = _al_enter_slow();                                        \
+        if (t)                                                                         \
+            return timed_##sym(t, AL_STRIP(args));                                     \
+        if (AL_LIKELY(_al_real.sym != NULL))                                           \
+            return _al_real.sym args;                                                  \
+        return ENOMEM;                                                                 \
+    }                                                                                  \
+    AL_EXPORT int sym params                                                           \
+    {                                                                                  \
+        struct al_thread *t = _al_tls;                                                 \
+        if (AL_UNLIKELY(!t || t->busy))                                                \
+            return slow_##sym args;                                                    \
+        t->busy = 1;                                                                   \
+        return timed_##sym(t, AL_STRIP(args));                                         \
+    }
+
+#define AL_ENTRY(kind, op, sym, params, args, size, target) WRAP_##kind(op, sym, params, args, size)
+#include "entries.def"
+#undef AL_ENTRY
+
+/* Our own malloc, as the start-up check needs it: a plain reference to `malloc` here could
+ * bind to a definition in the program itself. */
+extern void *_al_own_malloc(size_t) __attribute__((alias("malloc"), visibility("hidden")));
+
+/* Not an allocation: forwarded uncounted, but it must know the bootstrap pool. */
+AL_EXPORT size_t malloc_usable_size(void *p)
+{
+    if (AL_UNLIKELY(_al_bootstrap_owns(p)))
+        return _al_bootstrap_usable_size(p);
+    if (AL_UNLIKELY(!_al_real.malloc_usable_size)) {
+        struct al_thread *t = _al_enter_slow();
+        if (t)
+            t->busy = 0;
+        if (!_al_real.malloc_usable_size)
+            return 0;
+    }
+    return _al_real.malloc_usable_size(p);
+}

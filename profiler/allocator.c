@@ -1,0 +1,121 @@
+/* Which allocator really serves the calls: the object where the real malloc resolved, named
+ * and, where the allocator can tell, versioned. It also notices when the program itself
+ * defines malloc (an allocator linked in statically), which no preload can stand in front of. */
+#include <dlfcn.h>
+#include <gnu/libc-version.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "profiler.h"
+
+static const struct {
+    const char *prefix;
+    const char *name;
+} known[] = {
+    { "libc.so", "glibc" },
+    { "libjemalloc", "jemalloc" },
+    { "libtcmalloc", "tcmalloc" },
+    { "libmimalloc", "mimalloc" },
+};
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static void copy(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    dst[n] = '\0';
+}
+
+/* Asks the allocator for its version through the introspection call it exports, if any. */
+static void version_of(struct al_allocator_info *a, void *handle)
+{
+    if (strcmp(a->name, "glibc") == 0) {
+        copy(a->version, sizeof a->version, gnu_get_libc_version());
+        return;
+    }
+    if (!handle)
+        return;
+    int (*mallctl)(const char *, void *, size_t *, void *, size_t) = (void *)dlsym(handle, "mallctl");
+    if (mallctl) {
+        const char *v = NULL;
+        size_t len = sizeof v;
+        if (mallctl("version", &v, &len, NULL, 0) == 0 && v) {
+            /* "5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c": the release is enough. */
+            copy(a->version, sizeof a->version, v);
+            char *dash = strchr(a->version, '-');
+            if (dash)
+                *dash = '\0';
+            return;
+        }
+    }
+    const char *(*tc_version)(int *, int *, const char **) = (void *)dlsym(handle, "tc_version");
+    if (tc_version) {
+        int major = 0, minor = 0;
+        const char *patch = "";
+        tc_version(&major, &minor, &patch);
+        snprintf(a->version, sizeof a->version, "%d.%d%s", major, minor, patch ? patch : "");
+        return;
+    }
+    int (*mi_version)(void) = (void *)dlsym(handle, "mi_version");
+    if (mi_version) {
+        int v = mi_version();
+        snprintf(a->version, sizeof a->version, "%d.%d.%d", v / 100, (v / 10) % 10, v % 10);
+        return;
+    }
+}
+
+static bool same_file(const char *x, const char *y)
+{
+    char rx[PATH_MAX], ry[PATH_MAX];
+    if (!realpath(x, rx) || !realpath(y, ry))
+        return strcmp(x, y) == 0;
+    return strcmp(rx, ry) == 0;
+}
+
+void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc,
+                            const void *own_malloc, const char *requested)
+{
+    memset(a, 0, sizeof *a);
+    const void *serving = real_malloc;
+    void *def = dlsym(RTLD_DEFAULT, "malloc");
+    if (def && def != own_malloc) {
+        /* Something earlier in the search order than us (the program itself) defines malloc. */
+        a->program_defines_malloc = true;
+        serving = def;
+    }
+    Dl_info info;
+    if (!serving || !dladdr(serving, &info) || !info.dli_fname) {
+        copy(a->name, sizeof a->name, "unknown");
+        return;
+    }
+    if (info.dli_fname[0] == '\0') {
+        ssize_t n = readlink("/proc/self/exe", a->path, sizeof a->path - 1);
+        if (n > 0)
+            a->path[n] = '\0';
+    } else {
+        copy(a->path, sizeof a->path, info.dli_fname);
+    }
+    const char *base = base_name(a->path);
+    copy(a->name, sizeof a->name, base);
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        if (strncmp(base, known[i].prefix, strlen(known[i].prefix)) == 0)
+            copy(a->name, sizeof a->name, known[i].name);
+    }
+    void *handle = NULL;
+    if (info.dli_fname[0]) {
+        handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    }
+    version_of(a, handle);
+    if (handle)
+        dlclose(handle);
+    if (requested && *requested && !same_file(requested, a->path))
+        copy(a->requested, sizeof a->requested, requested);
+}

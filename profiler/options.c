@@ -1,0 +1,105 @@
+/* Every tunable of the profiler: one row of one table (name, environment variable, default,
+ * range, description). The CLI builds its option parsing and help from the same table, and a
+ * test checks that the README lists every row. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "profiler.h"
+
+const struct al_option _al_options[AL_OPT_N] = {
+    [AL_OPT_OUTPUT] = { "output", "ALLOCLENS_OUTPUT", AL_OPT_STRING, "", 0, 0,
+        "JSON report path; other processes of the run write PATH.<pid>.json beside it "
+        "(empty: no JSON)" },
+    [AL_OPT_TEXT] = { "text", "ALLOCLENS_TEXT", AL_OPT_STRING, "-", 0, 0,
+        "human report of the main process: a file path, '-' for stderr, or 'off'" },
+    [AL_OPT_LARGE_THRESHOLD] = { "large-threshold", "ALLOCLENS_LARGE_THRESHOLD", AL_OPT_SIZE,
+        "131072", 1, 1ll << 40,
+        "smallest request (bytes; k/M/G suffixes) counted as a large object" },
+    [AL_OPT_ALLOCATOR] = { "allocator", "ALLOCLENS_ALLOCATOR", AL_OPT_STRING, "", 0, 0,
+        "path of the allocator library asked for; the report warns when another one serves "
+        "the calls (set by 'alloclens run -a')", true },
+    [AL_OPT_MAIN_PID] = { "main-pid", "ALLOCLENS_MAIN_PID", AL_OPT_INT, "0", 0, 1ll << 30,
+        "pid whose report is the OUTPUT file itself (0: the first process that loads alloclens; "
+        "set by 'alloclens run')", true },
+};
+
+int _al_option_parse_num(const struct al_option *o, const char *text, long long *ret)
+{
+    if (!text || !*text)
+        return -EINVAL;
+    const char *p = text;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p == '-' || *p == '+')
+        return (*p == '-') ? -ERANGE : -EINVAL;
+    if (*p < '0' || *p > '9')
+        return -EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno == ERANGE)
+        return -ERANGE;
+    unsigned shift = 0;
+    if (o->type == AL_OPT_SIZE) {
+        switch (*end) {
+        case 'k': case 'K': shift = 10; end++; break;
+        case 'm': case 'M': shift = 20; end++; break;
+        case 'g': case 'G': shift = 30; end++; break;
+        default: break;
+        }
+        if (shift && (*end == 'i' || *end == 'I') && (end[1] == 'b' || end[1] == 'B'))
+            end += 2;
+        else if (shift && (*end == 'b' || *end == 'B'))
+            end++;
+    }
+    if (*end != '\0')
+        return -EINVAL;
+    if (shift && v > (ULLONG_MAX >> shift))
+        return -ERANGE;
+    v <<= shift;
+    if (v > (unsigned long long)o->max || (long long)v < o->min)
+        return -ERANGE;
+    *ret = (long long)v;
+    return 0;
+}
+
+static long long num_setting(enum al_opt_id id)
+{
+    const struct al_option *o = &_al_options[id];
+    long long def = 0;
+    _al_option_parse_num(o, o->def, &def);
+    const char *v = getenv(o->env);
+    if (!v)
+        return def;
+    long long val;
+    int r = _al_option_parse_num(o, v, &val);
+    if (r == 0)
+        return val;
+    if (r == -ERANGE)
+        _al_log("%s='%s' is out of range [%lld, %lld]; using the default %s", o->env, v, o->min,
+                o->max, o->def);
+    else
+        _al_log("%s='%s' is not a number; using the default %s", o->env, v, o->def);
+    return def;
+}
+
+static const char *str_setting(enum al_opt_id id)
+{
+    const char *v = getenv(_al_options[id].env);
+    if (!v)
+        v = _al_options[id].def;
+    return *v ? v : NULL;
+}
+
+void _al_settings_load(struct al_settings *s)
+{
+    s->output = str_setting(AL_OPT_OUTPUT);
+    s->text = str_setting(AL_OPT_TEXT);
+    if (s->text && strcmp(s->text, "off") == 0)
+        s->text = NULL;
+    s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD);
+    s->allocator = str_setting(AL_OPT_ALLOCATOR);
+    s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID);
+}

@@ -1,0 +1,129 @@
+/* The profiled process's life as alloclens sees it: start-up (resolving the real allocator,
+ * which must work even when the first malloc comes before any constructor), fork (the child
+ * counts afresh and writes its own report), exec (the image about to be replaced writes its
+ * report first) and exit (the report, with the exit status). */
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "profiler.h"
+
+_Atomic int _al_state;
+struct al_settings _al_settings;
+struct al_allocator_info _al_allocator;
+
+static __thread int initializing_here __attribute__((tls_model("initial-exec")));
+static const struct al_process_hooks *hooks;
+static pid_t image_pid;
+static bool started;
+
+bool _al_process_initializing_here(void)
+{
+    return initializing_here;
+}
+
+/* What every call needs: the real functions, the cycle counter's cost, the shadow table and
+ * the thread registry. Runs on the first call or in our constructor, whichever comes first;
+ * it may come before libc has set up its environment, so it reads no settings. */
+void _al_process_init(const struct al_process_hooks *h)
+{
+    int expected = AL_STATE_NEW;
+    if (!atomic_compare_exchange_strong(&_al_state, &expected, AL_STATE_INITIALIZING)) {
+        if (initializing_here)
+            return;
+        while (atomic_load(&_al_state) != AL_STATE_READY)
+            sched_yield();
+        return;
+    }
+    initializing_here = 1;
+    hooks = h;
+    _al_tsc_overhead = _al_tsc_measure_overhead();
+    if (h->resolve() < 0) {
+        static const char msg[] = "alloclens: cannot find the real malloc behind the preload; aborting\n";
+        (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+        abort();
+    }
+    if (_al_shadow_init() < 0)
+        _al_log("cannot reserve the shadow table: every address is reported as new");
+    _al_threads_init();
+    image_pid = getpid();
+    atomic_store(&_al_state, AL_STATE_READY);
+    initializing_here = 0;
+}
+
+static void on_exit_report(int status, void *arg)
+{
+    (void)arg;
+    _al_report_write(AL_REPORT_EXIT, true, status);
+}
+
+static void atfork_prepare(void)
+{
+    _al_threads_atfork_prepare();
+}
+
+static void atfork_parent(void)
+{
+    _al_threads_atfork_parent();
+}
+
+static void atfork_child(void)
+{
+    image_pid = getpid();
+    _al_threads_after_fork_child();
+    _al_report_restart();
+}
+
+/* What needs libc fully set up: settings from the environment, the exit and fork handlers,
+ * naming the allocator. Called from our constructor. */
+void _al_process_start(void)
+{
+    if (started)
+        return;
+    started = true;
+    int was_busy = _al_tls ? _al_tls->busy : 0;
+    struct al_thread *t = _al_tls ? _al_tls : _al_thread_attach();
+    if (t)
+        t->busy = 1; /* what follows may allocate: forwarded, not counted */
+    _al_settings_load(&_al_settings);
+    _al_large_threshold = _al_settings.large_threshold;
+    if (_al_settings.main_pid == 0) {
+        /* Used without the CLI: this process is the main one; its children will know. */
+        char pid[24];
+        snprintf(pid, sizeof pid, "%d", (int)getpid());
+        setenv(_al_options[AL_OPT_MAIN_PID].env, pid, 1);
+        _al_settings.main_pid = getpid();
+    }
+    _al_report_restart();
+    on_exit(on_exit_report, NULL);
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),
+                           _al_settings.allocator);
+    if (_al_allocator.program_defines_malloc)
+        _al_log("the program defines malloc itself (%s): alloclens cannot stand in front of "
+                "that allocator and counts only what reaches it", _al_allocator.path);
+    else if (_al_allocator.requested[0] && getpid() == _al_settings.main_pid)
+        _al_log("asked for the allocator %s, but malloc resolves to %s (%s): the report "
+                "describes %s", _al_allocator.requested, _al_allocator.name, _al_allocator.path,
+                _al_allocator.name);
+    if (t)
+        t->busy = was_busy;
+}
+
+void _al_process_before_exec(void)
+{
+    /* A vfork child shares our memory and never ran the fork handlers: it must not write. */
+    if (getpid() != image_pid)
+        return;
+    _al_report_write(AL_REPORT_EXEC, false, 0);
+}
+
+void _al_process_exec_failed(void)
+{
+    if (getpid() != image_pid)
+        return;
+    _al_report_forget_exec();
+}

@@ -1,0 +1,328 @@
+/* profiler/ internal API: what the interposer forwards to, and what the report writers read.
+ *
+ * Declarations are grouped by the file that defines them. Everything here is internal to the
+ * shared library (hidden visibility): the only exported symbols are the interposed entry points.
+ */
+#ifndef ALLOCLENS_PROFILER_H
+#define ALLOCLENS_PROFILER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "shadow.h"
+
+#define AL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define AL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define AL_NOINLINE __attribute__((noinline))
+#define AL_COLD __attribute__((cold, noinline))
+#define AL_INLINE static inline __attribute__((always_inline))
+#define AL_HIDDEN __attribute__((visibility("hidden")))
+
+/* Relaxed load/store of counters another thread may read at report time: plain moves on
+ * x86-64, but race-free in the C memory model. */
+#define AL_READ(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define AL_BUMP(x, v) __atomic_store_n(&(x), __atomic_load_n(&(x), __ATOMIC_RELAXED) + (v), __ATOMIC_RELAXED)
+
+/* ---- ops.c: the operation kinds and the ops-table row layout -------------------------------- */
+
+enum al_op {
+    AL_OP_MALLOC,
+    AL_OP_CALLOC,
+    AL_OP_REALLOC,
+    AL_OP_FREE,
+    AL_OP_POSIX_MEMALIGN,
+    AL_OP_ALIGNED_ALLOC,
+    AL_OP_MEMALIGN,
+    AL_OP_VALLOC,
+    AL_OP_PVALLOC,
+    AL_OP_NEW,
+    AL_OP_DELETE,
+    AL_OP_COUNT
+};
+
+enum al_reuse { AL_REUSE_NEW, AL_REUSE_REUSED, AL_REUSE_NA, AL_REUSE_COUNT };
+enum al_phase { AL_PHASE_SERIAL, AL_PHASE_PARALLEL, AL_PHASE_COUNT };
+
+#define AL_ROWS (AL_OP_COUNT * 2 * AL_REUSE_COUNT * AL_PHASE_COUNT)
+
+AL_INLINE unsigned _al_row_index(unsigned op, unsigned large, unsigned reuse, unsigned phase)
+{
+    return ((op * 2 + large) * AL_REUSE_COUNT + reuse) * AL_PHASE_COUNT + phase;
+}
+
+const char *_al_op_name(unsigned op);
+const char *_al_reuse_name(unsigned reuse);
+const char *_al_phase_name(unsigned phase);
+void _al_row_split(unsigned row, unsigned *op, unsigned *large, unsigned *reuse, unsigned *phase);
+
+/* ---- hist.c: log-linear latency histograms ------------------------------------------------- */
+
+/* Values below 2^AL_HIST_SUB_BITS are exact; above, each power of two is split into
+ * 2^AL_HIST_SUB_BITS buckets (relative error of a bucket midpoint at most 1/32). */
+#define AL_HIST_SUB_BITS 4
+#define AL_HIST_SUB (1u << AL_HIST_SUB_BITS)
+#define AL_HIST_MAX_EXP 40 /* 2^40 cycles: several minutes; larger values land in the top bucket */
+#define AL_HIST_BUCKETS (AL_HIST_SUB + (AL_HIST_MAX_EXP - AL_HIST_SUB_BITS) * AL_HIST_SUB)
+
+AL_INLINE unsigned _al_hist_bucket(uint64_t v)
+{
+    if (v < AL_HIST_SUB)
+        return (unsigned)v;
+    unsigned e = 63u - (unsigned)__builtin_clzll(v);
+    if (AL_UNLIKELY(e >= AL_HIST_MAX_EXP))
+        return AL_HIST_BUCKETS - 1;
+    unsigned m = (unsigned)(v >> (e - AL_HIST_SUB_BITS)) & (AL_HIST_SUB - 1);
+    return AL_HIST_SUB + (e - AL_HIST_SUB_BITS) * AL_HIST_SUB + m;
+}
+
+uint64_t _al_hist_bucket_low(unsigned b);
+uint64_t _al_hist_bucket_high(unsigned b);
+/* Value at quantile q (0 < q <= 1) of a histogram holding n samples: the midpoint of the
+ * bucket holding the ceil(q*n)-th smallest sample; 0 for an empty histogram. */
+uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q);
+
+/* ---- tsc.c: cycle counter, its own cost, conversion to ns ---------------------------------- */
+
+AL_INLINE uint64_t _al_tsc(void)
+{
+    uint32_t lo, hi;
+    __asm__ __volatile__("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+struct al_clock_pair {
+    uint64_t tsc;
+    uint64_t ns; /* CLOCK_MONOTONIC */
+};
+
+/* Cycles a back-to-back pair of rdtsc reports: what every timed call over-counts. */
+uint64_t _al_tsc_measure_overhead(void);
+struct al_clock_pair _al_tsc_pair_now(void);
+/* Cycles per nanosecond between two pairs; 0 when the interval is too short to tell. */
+double _al_tsc_rate(struct al_clock_pair a, struct al_clock_pair b);
+
+/* ---- mem.c: the profiler's own memory, from mmap only -------------------------------------- */
+
+void *_al_mem_map(size_t size);   /* zeroed, page-granular; NULL on failure */
+void _al_mem_unmap(void *p, size_t size);
+void *_al_mem_alloc(size_t size); /* small, zeroed, never freed; lock-free bump arena */
+size_t _al_mem_footprint(void);   /* bytes the profiler holds mapped */
+
+/* ---- log.c: one capped, non-allocating writer for warnings --------------------------------- */
+
+void _al_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- buf.c: growable text buffer in mmap'd memory (reports) --------------------------------- */
+
+struct al_buf {
+    char *data;
+    size_t len, cap;
+    bool failed; /* out of memory: the report says so instead of being silently cut */
+};
+
+void _al_buf_putn(struct al_buf *b, const char *s, size_t n);
+void _al_buf_puts(struct al_buf *b, const char *s);
+void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
+void _al_buf_free(struct al_buf *b);
+/* Writes the whole buffer to fd; 0 or a negative errno. */
+int _al_buf_write_fd(const struct al_buf *b, int fd);
+
+/* ---- options.c: every tunable, one row of one table ---------------------------------------- */
+
+enum al_opt_type { AL_OPT_STRING, AL_OPT_SIZE, AL_OPT_INT };
+
+struct al_option {
+    const char *name;    /* CLI long option, without the dashes */
+    const char *env;     /* environment variable */
+    enum al_opt_type type;
+    const char *def;     /* default, as text */
+    long long min, max;  /* range, numeric options */
+    const char *desc;
+    bool set_by_run;     /* 'alloclens run' sets it itself: no command-line flag */
+};
+
+enum al_opt_id {
+    AL_OPT_OUTPUT,
+    AL_OPT_TEXT,
+    AL_OPT_LARGE_THRESHOLD,
+    AL_OPT_ALLOCATOR,
+    AL_OPT_MAIN_PID,
+    AL_OPT_N
+};
+
+extern const struct al_option _al_options[AL_OPT_N];
+
+/* Parses a numeric option value ("4096", "128k", "1M", "2G"); 0 on success, -EINVAL on
+ * garbage, -ERANGE outside [min, max]. */
+int _al_option_parse_num(const struct al_option *o, const char *text, long long *ret);
+
+struct al_settings {
+    const char *output;     /* JSON report path, or NULL */
+    const char *text;       /* text report path; "-" is stderr; NULL is none */
+    uint64_t large_threshold;
+    const char *allocator;  /* the allocator the user asked for (path), or NULL */
+    pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
+};
+
+/* Reads every option from the environment; a bad value is warned about (one line naming the
+ * variable) and the default kept. Never allocates. */
+void _al_settings_load(struct al_settings *s);
+
+/* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
+
+struct al_row {
+    uint64_t count;  /* calls */
+    uint64_t timed;  /* calls whose cycles are in cycles/hist (all but the first of the process) */
+    uint64_t cycles; /* overhead-corrected cycles, summed */
+};
+
+struct al_thread {
+    int busy;        /* inside an interposed call: nested calls are forwarded, not counted */
+    int spawned;     /* started through our pthread_create: counts in the live-thread total */
+    struct al_thread *next;
+    struct al_row rows[AL_ROWS];
+    uint64_t *hist;  /* AL_ROWS x AL_HIST_BUCKETS, lazily committed */
+};
+
+extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
+extern _Atomic int _al_live_threads;
+
+struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
+void _al_thread_spawning(void);            /* pthread_create is about to start a thread */
+void _al_thread_spawn_failed(void);
+void _al_thread_started(struct al_thread *t);
+void _al_threads_after_fork_child(void);
+void _al_threads_atfork_prepare(void);
+void _al_threads_atfork_parent(void);
+void _al_threads_init(void);
+
+struct al_thread_totals {
+    uint64_t total, max_live;
+    uint64_t serial_cycles, parallel_cycles;
+};
+
+/* Sums every thread's rows and histograms (those that exited and those still running) into
+ * the caller's arrays. */
+void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot);
+
+/* ---- record.c: the hot path and its rare work ---------------------------------------------- */
+
+struct al_first_call {
+    _Atomic int taken;
+    unsigned row;
+    uint64_t cycles;
+};
+
+extern uint64_t _al_large_threshold;
+extern uint64_t _al_tsc_overhead;
+extern struct al_first_call _al_first;
+
+void _al_record_first(struct al_thread *t, unsigned row, uint64_t cycles);
+
+AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles)
+{
+    struct al_row *r = &t->rows[row];
+    AL_BUMP(r->count, 1);
+    if (AL_UNLIKELY(!atomic_load_explicit(&_al_first.taken, memory_order_relaxed))) {
+        _al_record_first(t, row, cycles);
+        return;
+    }
+    cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
+    AL_BUMP(r->timed, 1);
+    AL_BUMP(r->cycles, cycles);
+    AL_BUMP(t->hist[(size_t)row * AL_HIST_BUCKETS + _al_hist_bucket(cycles)], 1);
+}
+
+AL_INLINE unsigned _al_phase_now(void)
+{
+    return atomic_load_explicit(&_al_live_threads, memory_order_relaxed) > 1;
+}
+
+/* A call that returned address p (NULL: failed) for a request of size bytes. */
+AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, void *p, uint64_t cycles)
+{
+    unsigned large = size >= _al_large_threshold;
+    unsigned reuse = AL_REUSE_NA;
+    if (AL_LIKELY(p != NULL))
+        reuse = _al_shadow_mark(p, large) ? AL_REUSE_REUSED : AL_REUSE_NEW;
+    _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
+    t->busy = 0;
+}
+
+/* A free of p, classified by the object's own size class (looked up before it was freed). */
+AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large, uint64_t cycles)
+{
+    _al_record_row(t, _al_row_index(op, large, AL_REUSE_NA, _al_phase_now()), cycles);
+    t->busy = 0;
+}
+
+/* ---- process.c: start-up, fork, exec and exit ---------------------------------------------- */
+
+enum al_state { AL_STATE_NEW, AL_STATE_INITIALIZING, AL_STATE_READY };
+
+extern _Atomic int _al_state;
+extern struct al_settings _al_settings;
+
+/* Interposer callbacks, so process.c can resolve symbols without depending on interpose/. */
+struct al_process_hooks {
+    int (*resolve)(void);              /* looks up the real functions; 0 or negative errno */
+    const void *(*malloc_addr)(void);  /* the real malloc */
+    const void *(*own_malloc)(void);   /* our exported malloc */
+};
+
+void _al_process_init(const struct al_process_hooks *hooks);
+void _al_process_start(void); /* from our constructor, once libc is set up */
+bool _al_process_initializing_here(void);
+void _al_process_before_exec(void);
+void _al_process_exec_failed(void);
+
+/* ---- allocator.c: which library really serves the calls ----------------------------------- */
+
+struct al_allocator_info {
+    char name[64];
+    char path[512];
+    char version[64];
+    char requested[512];   /* what the user asked for, when it differs from what serves */
+    bool program_defines_malloc;
+};
+
+extern struct al_allocator_info _al_allocator;
+
+void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc,
+                            const void *own_malloc, const char *requested);
+
+/* ---- report.c / report_json.c / report_text.c --------------------------------------------- */
+
+struct al_report {
+    pid_t pid;
+    char argv[4096];       /* /proc/self/cmdline, NUL-separated */
+    size_t argv_len;
+    uint64_t runtime_ns;
+    bool has_exit_status;
+    int exit_status;
+    double cycles_per_ns;
+    struct al_allocator_info allocator;
+    uint64_t large_threshold;
+    struct al_thread_totals threads;
+    struct al_row rows[AL_ROWS];
+    uint64_t *hist;        /* AL_ROWS x AL_HIST_BUCKETS */
+    bool first_excluded;
+    unsigned first_row;
+    uint64_t first_cycles;
+    size_t profiler_bytes;
+};
+
+void _al_report_json(struct al_buf *b, const struct al_report *r);
+void _al_report_text(struct al_buf *b, const struct al_report *r);
+
+enum al_report_kind { AL_REPORT_EXIT, AL_REPORT_EXEC };
+/* Gathers the process's report and writes it where the settings say. */
+void _al_report_write(enum al_report_kind kind, bool has_status, int status);
+void _al_report_forget_exec(void);
+void _al_report_restart(void); /* a new image or a forked child: its report is still to come */
+
+#endif

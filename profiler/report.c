@@ -1,0 +1,168 @@
+/* Gathering the report of this process image and writing it where the settings say.
+ *
+ * The main process writes OUTPUT itself and the human report; every other process of the run
+ * (forked children, images replaced by exec) writes OUTPUT.<pid>.json beside it, taking the
+ * next free OUTPUT.<pid>.<n>.json when an earlier image of the same pid already wrote one.
+ * Everything here works from mmap'd memory: threads still running keep using the allocator.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "profiler.h"
+
+static _Atomic int written;
+static struct al_clock_pair image_start;
+static char exec_report_path[4096];
+
+void _al_report_restart(void)
+{
+    atomic_store(&written, 0);
+    image_start = _al_tsc_pair_now();
+}
+
+static void read_cmdline(struct al_report *r)
+{
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, r->argv, sizeof r->argv - 1);
+    close(fd);
+    if (n > 0)
+        r->argv_len = (size_t)n;
+}
+
+static void gather(struct al_report *r, bool has_status, int status)
+{
+    r->pid = getpid();
+    read_cmdline(r);
+    r->has_exit_status = has_status;
+    r->exit_status = status;
+    struct al_clock_pair now = _al_tsc_pair_now();
+    r->cycles_per_ns = _al_tsc_rate(image_start, now);
+    if (r->cycles_per_ns == 0.0) {
+        /* A very short run: spend a millisecond now so the rate is good to 0.1%. */
+        struct al_clock_pair a = _al_tsc_pair_now(), b;
+        do
+            b = _al_tsc_pair_now();
+        while (b.ns - a.ns < 1000000);
+        r->cycles_per_ns = _al_tsc_rate(a, b);
+        now = b;
+    }
+    r->runtime_ns = now.ns - image_start.ns;
+    r->allocator = _al_allocator;
+    r->large_threshold = _al_large_threshold;
+    _al_threads_collect(r->rows, r->hist, &r->threads);
+    if (atomic_load(&_al_first.taken)) {
+        r->first_excluded = true;
+        r->first_row = _al_first.row;
+        r->first_cycles = _al_first.cycles;
+    }
+    r->profiler_bytes = _al_mem_footprint() + _al_shadow_footprint();
+}
+
+static uint64_t total_calls(const struct al_report *r)
+{
+    uint64_t n = 0;
+    for (unsigned i = 0; i < AL_ROWS; i++)
+        n += r->rows[i].count;
+    return n;
+}
+
+/* OUTPUT.<pid>.json, or OUTPUT.<pid>.<n>.json when taken; opened with O_EXCL. */
+static int open_side_report(const char *output, pid_t pid, char *path, size_t cap)
+{
+    size_t len = strlen(output);
+    const char *ext = "";
+    if (len > 5 && strcmp(output + len - 5, ".json") == 0) {
+        ext = ".json";
+        len -= 5;
+    }
+    for (int n = 0; n < 1000; n++) {
+        if (n == 0)
+            snprintf(path, cap, "%.*s.%d%s", (int)len, output, (int)pid, ext);
+        else
+            snprintf(path, cap, "%.*s.%d.%d%s", (int)len, output, (int)pid, n, ext);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0 || errno != EEXIST)
+            return fd;
+    }
+    return -1;
+}
+
+static void write_file(const struct al_buf *b, int fd, const char *path)
+{
+    int r = fd < 0 ? -errno : _al_buf_write_fd(b, fd);
+    if (r < 0)
+        _al_log("cannot write the report to %s: %s", path, strerror(-r));
+    if (fd >= 0)
+        close(fd);
+}
+
+void _al_report_write(enum al_report_kind kind, bool has_status, int status)
+{
+    if (atomic_exchange(&written, 1))
+        return;
+    struct al_thread *t = _al_tls;
+    int was_busy = t ? t->busy : 0;
+    if (t)
+        t->busy = 1;
+
+    struct al_report *r = _al_mem_map(sizeof *r);
+    uint64_t *hist = _al_mem_map((size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
+    if (!r || !hist) {
+        _al_log("out of memory while gathering the report: no report written");
+        goto out;
+    }
+    r->hist = hist;
+    gather(r, has_status, status);
+    bool main_image = kind == AL_REPORT_EXIT && r->pid == _al_settings.main_pid;
+
+    if (_al_settings.output && (main_image || total_calls(r) > 0)) {
+        struct al_buf b = { 0 };
+        _al_report_json(&b, r);
+        char path[4096];
+        int fd;
+        if (main_image) {
+            snprintf(path, sizeof path, "%s", _al_settings.output);
+            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        } else {
+            fd = open_side_report(_al_settings.output, r->pid, path, sizeof path);
+        }
+        write_file(&b, fd, path);
+        if (kind == AL_REPORT_EXEC && fd >= 0)
+            snprintf(exec_report_path, sizeof exec_report_path, "%s", path);
+        _al_buf_free(&b);
+    }
+    if (main_image && _al_settings.text) {
+        struct al_buf b = { 0 };
+        _al_report_text(&b, r);
+        if (strcmp(_al_settings.text, "-") == 0) {
+            int e = _al_buf_write_fd(&b, STDERR_FILENO);
+            (void)e; /* stderr closed or full: there is nowhere left to say so */
+        } else {
+            int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            write_file(&b, fd, _al_settings.text);
+        }
+        _al_buf_free(&b);
+    }
+out:
+    if (hist)
+        _al_mem_unmap(hist, (size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
+    if (r)
+        _al_mem_unmap(r, sizeof *r);
+    if (t)
+        t->busy = was_busy;
+}
+
+void _al_report_forget_exec(void)
+{
+    /* The exec failed and this image goes on: its report will be written at exit instead. */
+    if (exec_report_path[0])
+        unlink(exec_report_path);
+    exec_report_path[0] = '\0';
+    atomic_store(&written, 0);
+}

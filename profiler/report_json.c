@@ -1,0 +1,134 @@
+/* The JSON report (schema in docs/report-schema.md, "alloclens-report/1"). Sections whose
+ * measurements this build cannot make yet are present with "available": false and the reason,
+ * never silently zero. */
+#include <string.h>
+
+#include "profiler.h"
+
+static double to_ns(const struct al_report *r, double cycles)
+{
+    return r->cycles_per_ns > 0 ? cycles / r->cycles_per_ns : 0.0;
+}
+
+static void unavailable(struct al_buf *b, const char *key, const char *reason, bool last)
+{
+    _al_buf_printf(b, "  \"%s\": { \"available\": false, \"reason\": ", key);
+    _al_buf_json_str(b, reason);
+    _al_buf_puts(b, last ? " }\n" : " },\n");
+}
+
+static void program(struct al_buf *b, const struct al_report *r)
+{
+    _al_buf_puts(b, "  \"program\": { \"argv\": [");
+    size_t i = 0;
+    bool first = true;
+    while (i < r->argv_len) {
+        const char *arg = r->argv + i;
+        size_t n = strnlen(arg, r->argv_len - i);
+        char tmp[sizeof r->argv];
+        memcpy(tmp, arg, n);
+        tmp[n] = '\0';
+        if (!first)
+            _al_buf_puts(b, ", ");
+        _al_buf_json_str(b, tmp);
+        first = false;
+        i += n + 1;
+    }
+    _al_buf_printf(b, "], \"pid\": %d, \"runtime_ns\": %llu, \"exit_status\": ", (int)r->pid,
+                   (unsigned long long)r->runtime_ns);
+    if (r->has_exit_status)
+        _al_buf_printf(b, "%d", r->exit_status);
+    else
+        _al_buf_puts(b, "null, \"exit_status_reason\": \"the image was replaced by exec\"");
+    _al_buf_puts(b, " },\n");
+}
+
+static void allocator(struct al_buf *b, const struct al_report *r)
+{
+    const struct al_allocator_info *a = &r->allocator;
+    _al_buf_puts(b, "  \"allocator\": { \"name\": ");
+    _al_buf_json_str(b, a->name);
+    _al_buf_puts(b, ", \"path\": ");
+    _al_buf_json_str(b, a->path);
+    _al_buf_puts(b, ", \"version\": ");
+    if (a->version[0])
+        _al_buf_json_str(b, a->version);
+    else
+        _al_buf_puts(b, "null");
+    if (a->requested[0]) {
+        _al_buf_puts(b, ", \"requested\": ");
+        _al_buf_json_str(b, a->requested);
+    }
+    _al_buf_printf(b, ", \"program_defines_malloc\": %s", a->program_defines_malloc ? "true" : "false");
+    _al_buf_printf(b, ",\n    \"style\": null, \"large_threshold\": %llu, \"large_threshold_source\": \"default\", "
+                   "\"size_classes\": [],\n    \"config\": { \"available\": false, \"reason\": "
+                   "\"no pre-run probe in this build: small/large split at the default threshold "
+                   "(ALLOCLENS_LARGE_THRESHOLD)\" } },\n",
+                   (unsigned long long)r->large_threshold);
+}
+
+static void ops(struct al_buf *b, const struct al_report *r)
+{
+    _al_buf_puts(b, "  \"ops\": [");
+    bool first = true;
+    for (unsigned i = 0; i < AL_ROWS; i++) {
+        const struct al_row *row = &r->rows[i];
+        if (!row->count)
+            continue;
+        unsigned op, large, reuse, phase;
+        _al_row_split(i, &op, &large, &reuse, &phase);
+        const uint64_t *h = r->hist + (size_t)i * AL_HIST_BUCKETS;
+        double mean = row->timed ? (double)row->cycles / (double)row->timed : 0.0;
+        uint64_t p50 = _al_hist_quantile(h, row->timed, 0.50);
+        uint64_t p99 = _al_hist_quantile(h, row->timed, 0.99);
+        uint64_t p999 = _al_hist_quantile(h, row->timed, 0.999);
+        _al_buf_printf(b,
+            "%s\n    { \"op\": \"%s\", \"size_class\": \"%s\", \"reuse\": \"%s\", \"phase\": \"%s\", "
+            "\"count\": %llu, \"timed\": %llu, \"cycles_total\": %llu, \"cycles_mean\": %.1f, "
+            "\"cycles_p50\": %llu, \"cycles_p99\": %llu, \"cycles_p999\": %llu, "
+            "\"ns_mean\": %.1f, \"ns_p50\": %.1f, \"ns_p99\": %.1f, \"ns_p999\": %.1f }",
+            first ? "" : ",", _al_op_name(op), large ? "large" : "small", _al_reuse_name(reuse),
+            _al_phase_name(phase), (unsigned long long)row->count, (unsigned long long)row->timed,
+            (unsigned long long)row->cycles, mean, (unsigned long long)p50,
+            (unsigned long long)p99, (unsigned long long)p999, to_ns(r, mean),
+            to_ns(r, (double)p50), to_ns(r, (double)p99), to_ns(r, (double)p999));
+        first = false;
+    }
+    _al_buf_puts(b, "\n  ],\n");
+}
+
+void _al_report_json(struct al_buf *b, const struct al_report *r)
+{
+    _al_buf_puts(b, "{\n  \"schema\": \"alloclens-report/1\",\n");
+    program(b, r);
+    allocator(b, r);
+    _al_buf_printf(b, "  \"threads\": { \"total\": %llu, \"max_live\": %llu, \"serial_ns\": %.0f, "
+                   "\"parallel_ns\": %.0f },\n",
+                   (unsigned long long)r->threads.total, (unsigned long long)r->threads.max_live,
+                   to_ns(r, (double)r->threads.serial_cycles), to_ns(r, (double)r->threads.parallel_cycles));
+    ops(b, r);
+    uint64_t cycles = r->first_excluded ? r->first_cycles : 0;
+    for (unsigned i = 0; i < AL_ROWS; i++)
+        cycles += r->rows[i].cycles;
+    _al_buf_printf(b, "  \"allocator_time_ns\": %.0f,\n", to_ns(r, (double)cycles));
+    if (r->first_excluded) {
+        unsigned op, large, reuse, phase;
+        _al_row_split(r->first_row, &op, &large, &reuse, &phase);
+        _al_buf_printf(b, "  \"first_call\": { \"op\": \"%s\", \"size_class\": \"%s\", \"cycles\": %llu, "
+                       "\"ns\": %.0f, \"note\": \"counted in ops, kept out of their cycle figures\" },\n",
+                       _al_op_name(op), large ? "large" : "small",
+                       (unsigned long long)r->first_cycles, to_ns(r, (double)r->first_cycles));
+    }
+    _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": %llu },\n",
+                   r->cycles_per_ns, (unsigned long long)_al_tsc_overhead);
+    _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu },\n", (unsigned long long)r->profiler_bytes);
+    unavailable(b, "counters", "hardware and software event counting is not in this build yet", false);
+    _al_buf_puts(b, "  \"memory\": { \"available\": false, \"reason\": \"memory waste accounting is not in "
+                    "this build yet\", \"peak\": null, \"final\": null },\n");
+    _al_buf_puts(b, "  \"syscalls\": [],\n  \"syscalls_info\": { \"available\": false, \"reason\": "
+                    "\"syscall accounting is not in this build yet\" },\n");
+    unavailable(b, "locks", "lock accounting is not in this build yet", false);
+    unavailable(b, "friendliness", "access sampling is not in this build yet", false);
+    unavailable(b, "sites", "allocation-site sampling is not in this build yet", true);
+    _al_buf_puts(b, "}\n");
+}

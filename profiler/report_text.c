@@ -1,0 +1,85 @@
+/* The human report: what a person reads on stderr at exit. */
+#include <string.h>
+
+#include "profiler.h"
+
+static double ns(const struct al_report *r, double cycles)
+{
+    return r->cycles_per_ns > 0 ? cycles / r->cycles_per_ns : 0.0;
+}
+
+static void human_time(struct al_buf *b, double t_ns)
+{
+    if (t_ns >= 1e9)
+        _al_buf_printf(b, "%.3f s", t_ns / 1e9);
+    else if (t_ns >= 1e6)
+        _al_buf_printf(b, "%.3f ms", t_ns / 1e6);
+    else
+        _al_buf_printf(b, "%.1f us", t_ns / 1e3);
+}
+
+void _al_report_text(struct al_buf *b, const struct al_report *r)
+{
+    _al_buf_printf(b, "\n== alloclens report, pid %d:", (int)r->pid);
+    for (size_t i = 0; i < r->argv_len; i += strnlen(r->argv + i, r->argv_len - i) + 1) {
+        _al_buf_puts(b, " ");
+        _al_buf_puts(b, r->argv + i);
+        if (b->len > 4000)
+            break;
+    }
+    _al_buf_puts(b, "\n");
+    const struct al_allocator_info *a = &r->allocator;
+    _al_buf_printf(b, "allocator    %s%s%s (%s)\n", a->name, a->version[0] ? " " : "", a->version, a->path);
+    if (a->requested[0])
+        _al_buf_printf(b, "             asked for %s, which does not serve the calls\n", a->requested);
+    _al_buf_printf(b, "large        requests >= %llu bytes (default threshold: no pre-run probe yet)\n",
+                   (unsigned long long)r->large_threshold);
+    _al_buf_puts(b, "runtime      ");
+    human_time(b, (double)r->runtime_ns);
+    _al_buf_printf(b, "; threads %llu in all, at most %llu at once; serial ",
+                   (unsigned long long)r->threads.total, (unsigned long long)r->threads.max_live);
+    human_time(b, ns(r, (double)r->threads.serial_cycles));
+    _al_buf_puts(b, ", parallel ");
+    human_time(b, ns(r, (double)r->threads.parallel_cycles));
+    _al_buf_puts(b, "\n");
+
+    uint64_t cycles = r->first_excluded ? r->first_cycles : 0, calls = 0;
+    for (unsigned i = 0; i < AL_ROWS; i++) {
+        cycles += r->rows[i].cycles;
+        calls += r->rows[i].count;
+    }
+    double in_alloc = ns(r, (double)cycles);
+    _al_buf_puts(b, "in allocator ");
+    human_time(b, in_alloc);
+    _al_buf_printf(b, " over %llu calls, all threads (%.1f%% of runtime)\n", (unsigned long long)calls,
+                   r->runtime_ns ? 100.0 * in_alloc / (double)r->runtime_ns : 0.0);
+
+    _al_buf_puts(b, "\nop              class  reuse   phase           count   mean cyc    p50    p99  p99.9   mean ns\n");
+    for (unsigned i = 0; i < AL_ROWS; i++) {
+        const struct al_row *row = &r->rows[i];
+        if (!row->count)
+            continue;
+        unsigned op, large, reuse, phase;
+        _al_row_split(i, &op, &large, &reuse, &phase);
+        const uint64_t *h = r->hist + (size_t)i * AL_HIST_BUCKETS;
+        double mean = row->timed ? (double)row->cycles / (double)row->timed : 0.0;
+        _al_buf_printf(b, "%-15s %-6s %-7s %-8s %12llu %10.1f %6llu %6llu %6llu %9.1f\n", _al_op_name(op),
+                       large ? "large" : "small", _al_reuse_name(reuse), _al_phase_name(phase),
+                       (unsigned long long)row->count, mean,
+                       (unsigned long long)_al_hist_quantile(h, row->timed, 0.50),
+                       (unsigned long long)_al_hist_quantile(h, row->timed, 0.99),
+                       (unsigned long long)_al_hist_quantile(h, row->timed, 0.999), ns(r, mean));
+    }
+    if (r->first_excluded) {
+        unsigned op, large, reuse, phase;
+        _al_row_split(r->first_row, &op, &large, &reuse, &phase);
+        _al_buf_printf(b, "(the process's first call, a %s, took %llu cycles: counted above, kept out of the times)\n",
+                       _al_op_name(op), (unsigned long long)r->first_cycles);
+    }
+    _al_buf_puts(b, "\ncounters     unavailable: event counting is not in this build yet\n"
+                    "memory       unavailable: memory waste accounting is not in this build yet\n"
+                    "syscalls     unavailable: syscall accounting is not in this build yet\n"
+                    "locks        unavailable: lock accounting is not in this build yet\n"
+                    "sites        unavailable: allocation-site sampling is not in this build yet\n");
+    _al_buf_printf(b, "profiler     %.1f MiB mapped for its own state\n\n", (double)r->profiler_bytes / 1048576.0);
+}

@@ -1,0 +1,227 @@
+/* Per-thread state and the registry of threads.
+ *
+ * Each thread counts into its own state, found through one initial-exec TLS pointer, so the
+ * hot path takes no lock and shares no cache line. The registry (a list under a spinlock,
+ * touched only when a thread starts, exits or a report is gathered) lets the report sum the
+ * threads still running, and keeps what exited threads counted. States of exited threads are
+ * zeroed and reused, so a program that starts a million short threads does not grow us.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "profiler.h"
+
+#define HIST_BYTES ((size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t))
+
+__thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
+_Atomic int _al_live_threads = 1;
+
+static struct {
+    _Atomic int lock;
+    struct al_thread *live;
+    struct al_thread *spare;
+    struct al_row rows[AL_ROWS];   /* exited threads */
+    uint64_t *hist;                /* exited threads */
+    uint64_t total, max_live;
+    uint64_t phase_since;
+    uint64_t serial_cycles, parallel_cycles;
+    pthread_key_t exit_key;
+    bool key_ok;
+} reg = { .total = 1, .max_live = 1 };
+
+static void lock(void)
+{
+    for (unsigned spins = 0; atomic_exchange_explicit(&reg.lock, 1, memory_order_acquire); spins++) {
+        if (spins > 64)
+            sched_yield();
+        else
+            __builtin_ia32_pause();
+    }
+}
+
+static void unlock(void)
+{
+    atomic_store_explicit(&reg.lock, 0, memory_order_release);
+}
+
+static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row *src, const uint64_t *src_hist)
+{
+    for (unsigned i = 0; i < AL_ROWS; i++) {
+        uint64_t timed = AL_READ(src[i].timed);
+        dst[i].count += AL_READ(src[i].count);
+        dst[i].timed += timed;
+        dst[i].cycles += AL_READ(src[i].cycles);
+        if (timed && dst_hist && src_hist) {
+            const uint64_t *s = src_hist + (size_t)i * AL_HIST_BUCKETS;
+            uint64_t *d = dst_hist + (size_t)i * AL_HIST_BUCKETS;
+            for (unsigned b = 0; b < AL_HIST_BUCKETS; b++)
+                d[b] += AL_READ(s[b]);
+        }
+    }
+}
+
+static void clear_state(struct al_thread *t)
+{
+    memset(t->rows, 0, sizeof t->rows);
+    /* Dropping the pages zeroes them and gives the memory back until the next owner counts. */
+    madvise(t->hist, HIST_BYTES, MADV_DONTNEED);
+    t->spawned = 0;
+}
+
+/* Phase time: cycles spent with one live thread (serial) or more (parallel). Lock held. */
+static void phase_account(int live_before)
+{
+    uint64_t now = _al_tsc();
+    if (reg.phase_since) {
+        if (live_before > 1)
+            reg.parallel_cycles += now - reg.phase_since;
+        else
+            reg.serial_cycles += now - reg.phase_since;
+    }
+    reg.phase_since = now;
+}
+
+static void thread_exit(void *arg)
+{
+    struct al_thread *t = arg;
+    t->busy = 1;
+    lock();
+    add_rows(reg.rows, reg.hist, t->rows, t->hist);
+    for (struct al_thread **pp = &reg.live; *pp; pp = &(*pp)->next) {
+        if (*pp == t) {
+            *pp = t->next;
+            break;
+        }
+    }
+    if (t->spawned) {
+        int before = atomic_fetch_sub_explicit(&_al_live_threads, 1, memory_order_relaxed);
+        phase_account(before);
+    }
+    clear_state(t);
+    t->next = reg.spare;
+    reg.spare = t;
+    unlock();
+    /* Calls this thread still makes (later TLS destructors) start a fresh state, which sets
+     * the key again and comes back here. */
+    _al_tls = NULL;
+}
+
+void _al_threads_init(void)
+{
+    reg.hist = _al_mem_map(HIST_BYTES);
+    reg.phase_since = _al_tsc();
+    reg.key_ok = pthread_key_create(&reg.exit_key, thread_exit) == 0;
+    if (!reg.key_ok)
+        _al_log("cannot create a thread key: threads that exit are not merged into the report");
+}
+
+struct al_thread *_al_thread_attach(void)
+{
+    lock();
+    struct al_thread *t = reg.spare;
+    if (t)
+        reg.spare = t->next;
+    unlock();
+    if (!t) {
+        t = _al_mem_map(sizeof *t);
+        if (!t)
+            return NULL;
+        t->hist = _al_mem_map(HIST_BYTES);
+        if (!t->hist) {
+            _al_mem_unmap(t, sizeof *t);
+            return NULL;
+        }
+    }
+    t->busy = 1;
+    _al_tls = t;
+    lock();
+    t->next = reg.live;
+    reg.live = t;
+    unlock();
+    /* May allocate (keys past the first 32 live in calloc'd blocks): busy is set, so that
+     * nested call is forwarded and not counted. */
+    if (reg.key_ok)
+        pthread_setspecific(reg.exit_key, t);
+    return t;
+}
+
+void _al_thread_spawning(void)
+{
+    lock();
+    int before = atomic_fetch_add_explicit(&_al_live_threads, 1, memory_order_relaxed);
+    phase_account(before);
+    reg.total++;
+    if ((uint64_t)before + 1 > reg.max_live)
+        reg.max_live = (uint64_t)before + 1;
+    unlock();
+}
+
+void _al_thread_spawn_failed(void)
+{
+    lock();
+    int before = atomic_fetch_sub_explicit(&_al_live_threads, 1, memory_order_relaxed);
+    phase_account(before);
+    reg.total--;
+    unlock();
+}
+
+void _al_thread_started(struct al_thread *t)
+{
+    t->spawned = 1;
+}
+
+void _al_threads_atfork_prepare(void)
+{
+    lock();
+}
+
+void _al_threads_atfork_parent(void)
+{
+    unlock();
+}
+
+void _al_threads_after_fork_child(void)
+{
+    /* Only the forking thread exists in the child, and the child's report covers the child
+     * alone: every other state goes back to the spare list, every count starts at zero. */
+    struct al_thread *self = _al_tls;
+    struct al_thread *t = reg.live;
+    reg.live = NULL;
+    while (t) {
+        struct al_thread *next = t->next;
+        clear_state(t);
+        if (t == self) {
+            t->next = reg.live;
+            reg.live = t;
+        } else {
+            t->next = reg.spare;
+            reg.spare = t;
+        }
+        t = next;
+    }
+    memset(reg.rows, 0, sizeof reg.rows);
+    if (reg.hist)
+        madvise(reg.hist, HIST_BYTES, MADV_DONTNEED);
+    atomic_store_explicit(&_al_live_threads, 1, memory_order_relaxed);
+    reg.total = reg.max_live = 1;
+    reg.serial_cycles = reg.parallel_cycles = 0;
+    reg.phase_since = _al_tsc();
+    unlock();
+}
+
+void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot)
+{
+    lock();
+    add_rows(rows, hist, reg.rows, reg.hist);
+    for (struct al_thread *t = reg.live; t; t = t->next)
+        add_rows(rows, hist, t->rows, t->hist);
+    int live = atomic_load_explicit(&_al_live_threads, memory_order_relaxed);
+    phase_account(live);
+    tot->total = reg.total;
+    tot->max_live = reg.max_live;
+    tot->serial_cycles = reg.serial_cycles;
+    tot->parallel_cycles = reg.parallel_cycles;
+    unlock();
+}
