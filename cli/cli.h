@@ -25,6 +25,7 @@ int _al_cli_cmd_allocators(int argc, char **argv);
 int _al_cli_cmd_run(int argc, char **argv);
 int _al_cli_cmd_demo(int argc, char **argv);
 void _al_cli_run_usage(FILE *f);
+int _al_cli_cmd_options(int argc, char **argv);
 
 /* main.c: files installed beside the command (build tree or install tree) */
 int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, size_t cap);

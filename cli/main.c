@@ -22,6 +22,7 @@ static void usage(FILE *f)
             "                 run CMD under the profiler; report on stderr at exit\n"
             "  allocators     list the allocators found on this machine (name, path, version)\n"
             "  demo           profile the bundled workload under every allocator found\n"
+            "  options        the table of every tunable (environment variable, default, range)\n"
             "  help           this text; 'alloclens run --help' lists every run option\n"
             "\n"
             "alloclens %s\n",
@@ -60,6 +61,8 @@ int main(int argc, char **argv)
         return _al_cli_cmd_allocators(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo"))
         return _al_cli_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "options"))
+        return _al_cli_cmd_options(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

@@ -36,6 +36,28 @@ void _al_cli_run_usage(FILE *f)
                "  LD_PRELOAD=liballoclens.so ALLOCLENS_OUTPUT=r.json CMD\n");
 }
 
+/* The options table as the README shows it (a test keeps the two identical). */
+int _al_cli_cmd_options(int argc, char **argv)
+{
+    if (argc > 1) {
+        fprintf(stderr, "alloclens: 'options' takes no arguments\n");
+        return 2;
+    }
+    (void)argv;
+    printf("| variable | run flag | default | range | description |\n|---|---|---|---|---|\n");
+    for (int i = 0; i < AL_OPT_N; i++) {
+        const struct al_option *o = &_al_options[i];
+        char range[64] = "text";
+        if (o->type != AL_OPT_STRING)
+            snprintf(range, sizeof range, "%lld..%lld", o->min, o->max);
+        char flag[64] = "(set by run)";
+        if (!o->set_by_run)
+            snprintf(flag, sizeof flag, "`--%s`", o->name);
+        printf("| `%s` | %s | `%s` | %s | %s |\n", o->env, flag, o->def, range, o->desc);
+    }
+    return 0;
+}
+
 static const struct al_option *find_option(const char *name, size_t len)
 {
     for (int i = 0; i < AL_OPT_N; i++) {
@@ -55,14 +77,21 @@ static int absolute_output(const char *path, char *out, size_t cap)
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof cwd))
             return -1;
-        snprintf(out, cap, "%s/%s", cwd, path);
+        if ((size_t)snprintf(out, cap, "%s/%s", cwd, path) >= cap) {
+            fprintf(stderr, "alloclens: report path %s is too long\n", path);
+            return -1;
+        }
     }
+    /* Fail now rather than after the whole run; leave no empty file behind. */
+    bool existed = access(out, F_OK) == 0;
     int fd = open(out, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
         fprintf(stderr, "alloclens: cannot write the report to %s: %s\n", path, strerror(errno));
         return -1;
     }
     close(fd);
+    if (!existed)
+        unlink(out);
     return 0;
 }
 

@@ -129,7 +129,7 @@
 
 /* Our own malloc, as the start-up check needs it: a plain reference to `malloc` here could
  * bind to a definition in the program itself. */
-extern void *_al_own_malloc(size_t) __attribute__((alias("malloc"), visibility("hidden")));
+extern __typeof__(malloc) _al_own_malloc __attribute__((alias("malloc"), copy(malloc), visibility("hidden")));
 
 /* Not an allocation: forwarded uncounted, but it must know the bootstrap pool. */
 AL_EXPORT size_t malloc_usable_size(void *p)

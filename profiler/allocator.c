@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <gnu/libc-version.h>
 #include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,8 +87,14 @@ void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc
     memset(a, 0, sizeof *a);
     const void *serving = real_malloc;
     void *def = dlsym(RTLD_DEFAULT, "malloc");
-    if (def && def != own_malloc) {
-        /* Something earlier in the search order than us (the program itself) defines malloc. */
+    Dl_info di;
+    const ElfW(Sym) *sym = NULL;
+    /* Something earlier in the search order than us (the program itself) defines malloc. A
+     * non-PIE program that takes malloc's address has a symbol with a value too (its PLT
+     * stub) without defining it: only a symbol with a section counts, which is what dladdr1
+     * reports. */
+    if (def && def != own_malloc && dladdr1(def, &di, (void **)&sym, RTLD_DL_SYMENT) && sym &&
+        sym->st_shndx != SHN_UNDEF && di.dli_sname && strcmp(di.dli_sname, "malloc") == 0) {
         a->program_defines_malloc = true;
         serving = def;
     }

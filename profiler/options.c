@@ -32,8 +32,8 @@ int _al_option_parse_num(const struct al_option *o, const char *text, long long 
     const char *p = text;
     while (*p == ' ' || *p == '\t')
         p++;
-    if (*p == '-' || *p == '+')
-        return (*p == '-') ? -ERANGE : -EINVAL;
+    if (*p == '-')
+        return (p[1] >= '0' && p[1] <= '9') ? -ERANGE : -EINVAL; /* negative: a number, out of range */
     if (*p < '0' || *p > '9')
         return -EINVAL;
     errno = 0;
@@ -85,21 +85,31 @@ static long long num_setting(enum al_opt_id id)
     return def;
 }
 
-static const char *str_setting(enum al_opt_id id)
+/* Copied, not kept as getenv's pointer: programs rewrite their environment block (redis sets
+ * its process title over it) long before the report is written. */
+static const char *str_setting(enum al_opt_id id, char *store, size_t cap)
 {
     const char *v = getenv(_al_options[id].env);
     if (!v)
         v = _al_options[id].def;
-    return *v ? v : NULL;
+    if (!*v)
+        return NULL;
+    size_t n = strlen(v);
+    if (n >= cap) {
+        _al_log("%s is longer than %zu bytes; ignored", _al_options[id].env, cap - 1);
+        return NULL;
+    }
+    memcpy(store, v, n + 1);
+    return store;
 }
 
 void _al_settings_load(struct al_settings *s)
 {
-    s->output = str_setting(AL_OPT_OUTPUT);
-    s->text = str_setting(AL_OPT_TEXT);
+    s->output = str_setting(AL_OPT_OUTPUT, s->output_buf, sizeof s->output_buf);
+    s->text = str_setting(AL_OPT_TEXT, s->text_buf, sizeof s->text_buf);
     if (s->text && strcmp(s->text, "off") == 0)
         s->text = NULL;
     s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD);
-    s->allocator = str_setting(AL_OPT_ALLOCATOR);
+    s->allocator = str_setting(AL_OPT_ALLOCATOR, s->allocator_buf, sizeof s->allocator_buf);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID);
 }

@@ -166,6 +166,7 @@ struct al_settings {
     uint64_t large_threshold;
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
+    char output_buf[4096], text_buf[4096], allocator_buf[4096];
 };
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the

@@ -1,0 +1,234 @@
+/* Unit tests of profiler/: histogram buckets and quantiles, the TSC's cost and rate, the
+ * options parser and settings (garbage values warned about and defaulted), row indexing,
+ * the report buffer's JSON escaping. */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "profiler.h"
+
+START_TEST(hist_bucket_bounds)
+{
+    unsigned prev = 0;
+    for (uint64_t v = 0; v < (1u << 20); v++) {
+        unsigned b = _al_hist_bucket(v);
+        ck_assert_uint_ge(b, prev);
+        ck_assert_uint_lt(b, AL_HIST_BUCKETS);
+        ck_assert_uint_le(_al_hist_bucket_low(b), v);
+        ck_assert_uint_ge(_al_hist_bucket_high(b), v);
+        prev = b;
+    }
+    /* Each bucket is at most 1/16 of its value wide. */
+    for (unsigned b = AL_HIST_SUB; b < AL_HIST_BUCKETS - 1; b++) {
+        uint64_t lo = _al_hist_bucket_low(b), hi = _al_hist_bucket_high(b);
+        ck_assert_uint_le((hi - lo + 1) * AL_HIST_SUB, lo);
+        ck_assert_uint_eq(_al_hist_bucket_low(b + 1), hi + 1);
+    }
+    ck_assert_uint_eq(_al_hist_bucket(UINT64_MAX), AL_HIST_BUCKETS - 1);
+    ck_assert_uint_eq(_al_hist_bucket(1ull << 45), AL_HIST_BUCKETS - 1);
+}
+END_TEST
+
+static uint64_t *hist_of(const uint64_t *values, size_t n)
+{
+    uint64_t *h = calloc(AL_HIST_BUCKETS, sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        h[_al_hist_bucket(values[i])]++;
+    return h;
+}
+
+START_TEST(hist_quantiles)
+{
+    ck_assert_uint_eq(_al_hist_quantile((uint64_t[AL_HIST_BUCKETS]){ 0 }, 0, 0.5), 0);
+
+    /* Small values are exact. */
+    uint64_t small[] = { 3, 3, 7, 9, 12 };
+    uint64_t *h = hist_of(small, 5);
+    ck_assert_uint_eq(_al_hist_quantile(h, 5, 0.5), 7);
+    ck_assert_uint_eq(_al_hist_quantile(h, 5, 0.2), 3);
+    ck_assert_uint_eq(_al_hist_quantile(h, 5, 1.0), 12);
+    free(h);
+
+    /* 1..100000 uniform: each quantile within the bucket's relative error (1/32). */
+    size_t n = 100000;
+    uint64_t *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = i + 1;
+    h = hist_of(v, n);
+    double qs[] = { 0.5, 0.9, 0.99, 0.999 };
+    for (size_t i = 0; i < 4; i++) {
+        double truth = qs[i] * (double)n;
+        double got = (double)_al_hist_quantile(h, n, qs[i]);
+        ck_assert_msg(got > truth * (1 - 1.0 / 32) && got < truth * (1 + 1.0 / 32),
+                      "q%.3f: got %.0f, truth %.0f", qs[i], got, truth);
+    }
+    free(h);
+    free(v);
+
+    /* A long tail: 99.8% at 100 cycles, 0.2% at 100000. p99 must stay at 100, p99.9 in the tail. */
+    uint64_t tail[1000];
+    for (int i = 0; i < 1000; i++)
+        tail[i] = i < 998 ? 100 : 100000;
+    h = hist_of(tail, 1000);
+    uint64_t p99 = _al_hist_quantile(h, 1000, 0.99), p999 = _al_hist_quantile(h, 1000, 0.999);
+    ck_assert_uint_ge(p99, 97);
+    ck_assert_uint_le(p99, 103);
+    ck_assert_uint_ge(p999, 97000);
+    ck_assert_uint_le(p999, 103000);
+    free(h);
+}
+END_TEST
+
+START_TEST(tsc_overhead_plausible)
+{
+    uint64_t o = _al_tsc_measure_overhead();
+    ck_assert_uint_gt(o, 0);
+    ck_assert_uint_lt(o, 2000);
+}
+END_TEST
+
+static struct al_clock_pair pair_after(struct al_clock_pair a, long ns)
+{
+    struct timespec ts = { 0, ns };
+    nanosleep(&ts, NULL);
+    (void)a;
+    return _al_tsc_pair_now();
+}
+
+START_TEST(tsc_rate_calibration)
+{
+    /* Two independent calibrations over 30 ms agree within 0.5%, and a too-short interval is
+     * refused rather than guessed. */
+    struct al_clock_pair a = _al_tsc_pair_now();
+    struct al_clock_pair b = pair_after(a, 30000000);
+    struct al_clock_pair c = pair_after(b, 30000000);
+    double r1 = _al_tsc_rate(a, b), r2 = _al_tsc_rate(b, c);
+    ck_assert(r1 > 0.1 && r1 < 10.0);
+    ck_assert_msg(r1 / r2 > 0.995 && r1 / r2 < 1.005, "rates %f and %f", r1, r2);
+    ck_assert(_al_tsc_rate(a, a) == 0.0);
+    /* Cycles converted with the rate match the clock over a fresh interval within 1%. */
+    struct al_clock_pair d = pair_after(c, 20000000);
+    double ns = (double)(d.tsc - c.tsc) / r1;
+    double truth = (double)(d.ns - c.ns);
+    ck_assert_msg(ns / truth > 0.99 && ns / truth < 1.01, "%.0f ns vs %.0f ns", ns, truth);
+}
+END_TEST
+
+START_TEST(options_parse_numbers)
+{
+    const struct al_option *o = &_al_options[AL_OPT_LARGE_THRESHOLD];
+    long long v;
+    ck_assert_int_eq(_al_option_parse_num(o, "4096", &v), 0);
+    ck_assert_int_eq(v, 4096);
+    ck_assert_int_eq(_al_option_parse_num(o, "128k", &v), 0);
+    ck_assert_int_eq(v, 131072);
+    ck_assert_int_eq(_al_option_parse_num(o, "1M", &v), 0);
+    ck_assert_int_eq(v, 1 << 20);
+    ck_assert_int_eq(_al_option_parse_num(o, "2GiB", &v), 0);
+    ck_assert_int_eq(v, 2ll << 30);
+    ck_assert_int_eq(_al_option_parse_num(o, "3kb", &v), 0);
+    ck_assert_int_eq(v, 3072);
+    const char *garbage[] = { "", " ", "abc", "12x", "0x10", "1.5", "k", "12 k", "--1", "1MM", NULL };
+    for (int i = 0; garbage[i]; i++)
+        ck_assert_msg(_al_option_parse_num(o, garbage[i], &v) == -EINVAL, "'%s' accepted", garbage[i]);
+    ck_assert_int_eq(_al_option_parse_num(o, "-5", &v), -ERANGE);
+    ck_assert_int_eq(_al_option_parse_num(o, "0", &v), -ERANGE);
+    ck_assert_int_eq(_al_option_parse_num(o, "99999999999999999999", &v), -ERANGE);
+    ck_assert_int_eq(_al_option_parse_num(o, "99999999999G", &v), -ERANGE);
+    ck_assert_int_eq(_al_option_parse_num(o, "2T", &v), -EINVAL);
+    /* Plain integers take no size suffix. */
+    ck_assert_int_eq(_al_option_parse_num(&_al_options[AL_OPT_MAIN_PID], "12k", &v), -EINVAL);
+}
+END_TEST
+
+START_TEST(options_table_complete)
+{
+    for (int i = 0; i < AL_OPT_N; i++) {
+        const struct al_option *o = &_al_options[i];
+        ck_assert_ptr_nonnull(o->name);
+        ck_assert_ptr_nonnull(o->desc);
+        ck_assert_msg(strncmp(o->env, "ALLOCLENS_", 10) == 0, "%s", o->env);
+        if (o->type != AL_OPT_STRING) {
+            long long v;
+            ck_assert_msg(_al_option_parse_num(o, o->def, &v) == 0, "default of %s out of its own range", o->env);
+        }
+    }
+}
+END_TEST
+
+START_TEST(settings_garbage_defaults)
+{
+    struct al_settings s;
+    setenv("ALLOCLENS_LARGE_THRESHOLD", "lots", 1);
+    setenv("ALLOCLENS_MAIN_PID", "-3", 1);
+    setenv("ALLOCLENS_TEXT", "off", 1);
+    unsetenv("ALLOCLENS_OUTPUT");
+    _al_settings_load(&s);
+    ck_assert_uint_eq(s.large_threshold, 131072);
+    ck_assert_int_eq(s.main_pid, 0);
+    ck_assert_ptr_null(s.text);
+    ck_assert_ptr_null(s.output);
+    setenv("ALLOCLENS_LARGE_THRESHOLD", "64k", 1);
+    setenv("ALLOCLENS_TEXT", "-", 1);
+    _al_settings_load(&s);
+    ck_assert_uint_eq(s.large_threshold, 65536);
+    ck_assert_str_eq(s.text, "-");
+}
+END_TEST
+
+START_TEST(rows_roundtrip)
+{
+    bool seen[AL_ROWS] = { false };
+    for (unsigned op = 0; op < AL_OP_COUNT; op++)
+        for (unsigned large = 0; large < 2; large++)
+            for (unsigned reuse = 0; reuse < AL_REUSE_COUNT; reuse++)
+                for (unsigned phase = 0; phase < AL_PHASE_COUNT; phase++) {
+                    unsigned row = _al_row_index(op, large, reuse, phase);
+                    ck_assert_uint_lt(row, AL_ROWS);
+                    ck_assert(!seen[row]);
+                    seen[row] = true;
+                    unsigned o, l, r, p;
+                    _al_row_split(row, &o, &l, &r, &p);
+                    ck_assert(o == op && l == large && r == reuse && p == phase);
+                }
+    ck_assert_str_eq(_al_op_name(AL_OP_POSIX_MEMALIGN), "posix_memalign");
+    ck_assert_str_eq(_al_reuse_name(AL_REUSE_NA), "n/a");
+}
+END_TEST
+
+START_TEST(buf_json_escaping)
+{
+    struct al_buf b = { 0 };
+    _al_buf_json_str(&b, "a\"b\\c\n\t\x01z");
+    ck_assert_str_eq(b.data, "\"a\\\"b\\\\c\\n\\t\\u0001z\"");
+    for (int i = 0; i < 100000; i++)
+        _al_buf_printf(&b, "%d,", i);
+    ck_assert(!b.failed);
+    ck_assert(strstr(b.data, "99999,") != NULL);
+    _al_buf_free(&b);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("profiler");
+    TCase *tc = tcase_create("profiler");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, hist_bucket_bounds);
+    tcase_add_test(tc, hist_quantiles);
+    tcase_add_test(tc, tsc_overhead_plausible);
+    tcase_add_test(tc, tsc_rate_calibration);
+    tcase_add_test(tc, options_parse_numbers);
+    tcase_add_test(tc, options_table_complete);
+    tcase_add_test(tc, settings_garbage_defaults);
+    tcase_add_test(tc, rows_roundtrip);
+    tcase_add_test(tc, buf_json_escaping);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
