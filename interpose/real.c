@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "interpose.h"
 
@@ -20,9 +21,26 @@ struct al_real_fns _al_real, _al_next;
 /* ---- targets built here ------------------------------------------------------------------ */
 
 #define FALLBACK_NEXT(kind, sym, params, args)
-#define FALLBACK_NEXT_OR_FREE(kind, sym, params, args) \
+#define FALLBACK_OWN_OR_FREE(kind, sym, params, args) \
     static void fb_##sym params { _al_real.free(p); }
-#define FALLBACK_NEXT_OR_REALLOCARRAY(kind, sym, params, args)         \
+#define FALLBACK_OWN_OR_PVALLOC(kind, sym, params, args)               \
+    static void *fb_##sym params                                       \
+    {                                                                  \
+        size_t page = (size_t)getpagesize();                           \
+        if (n > SIZE_MAX - page) {                                     \
+            errno = ENOMEM;                                            \
+            return NULL;                                               \
+        }                                                              \
+        size_t bytes = n ? (n + page - 1) & ~(page - 1) : page;        \
+        void *r = NULL;                                                \
+        int e = _al_real.posix_memalign(&r, page, bytes);              \
+        if (e) {                                                       \
+            errno = e;                                                 \
+            return NULL;                                               \
+        }                                                              \
+        return r;                                                      \
+    }
+#define FALLBACK_OWN_OR_REALLOCARRAY(kind, sym, params, args)          \
     static void *fb_##sym params                                       \
     {                                                                  \
         size_t bytes;                                                  \
@@ -66,17 +84,15 @@ static void *object_base(const void *fn)
 }
 
 #define RESOLVE_NEXT(sym) _al_real.sym = (__typeof__(_al_real.sym))dlsym(RTLD_NEXT, #sym);
-#define RESOLVE_NEXT_OR_FREE(sym)                                          \
-    _al_real.sym = (__typeof__(_al_real.sym))dlsym(RTLD_NEXT, #sym);       \
-    if (!_al_real.sym)                                                     \
-        _al_real.sym = fb_##sym;
-#define RESOLVE_NEXT_OR_REALLOCARRAY(sym) RESOLVE_NEXT_OR_FREE(sym)
 #define RESOLVE_OWN(sym)                                                   \
     _al_next.sym = (__typeof__(_al_next.sym))dlsym(RTLD_NEXT, #sym);       \
     _al_real.sym = object_base((const void *)_al_next.sym) == allocator ? _al_next.sym : fb_##sym;
 #define RESOLVE_OWN_NEW(sym) RESOLVE_OWN(sym)
 #define RESOLVE_OWN_NEW_ALIGNED(sym) RESOLVE_OWN(sym)
 #define RESOLVE_OWN_DELETE(sym) RESOLVE_OWN(sym)
+#define RESOLVE_OWN_OR_FREE(sym) RESOLVE_OWN(sym)
+#define RESOLVE_OWN_OR_REALLOCARRAY(sym) RESOLVE_OWN(sym)
+#define RESOLVE_OWN_OR_PVALLOC(sym) RESOLVE_OWN(sym)
 
 int _al_real_resolve(void)
 {

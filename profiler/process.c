@@ -74,7 +74,7 @@ static void atfork_child(void)
 {
     image_pid = getpid();
     _al_threads_after_fork_child();
-    _al_report_restart();
+    _al_report_restart(false);
 }
 
 /* What needs libc fully set up: settings from the environment, the exit and fork handlers,
@@ -97,7 +97,7 @@ void _al_process_start(void)
         setenv(_al_options[AL_OPT_MAIN_PID].env, pid, 1);
         _al_settings.main_pid = getpid();
     }
-    _al_report_restart();
+    _al_report_restart(true);
     on_exit(on_exit_report, NULL);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),

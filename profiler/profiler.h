@@ -324,6 +324,6 @@ enum al_report_kind { AL_REPORT_EXIT, AL_REPORT_EXEC };
 /* Gathers the process's report and writes it where the settings say. */
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 void _al_report_forget_exec(void);
-void _al_report_restart(void); /* a new image or a forked child: its report is still to come */
+void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
 
 #endif

@@ -17,22 +17,29 @@
 static _Atomic int written;
 static struct al_clock_pair image_start;
 static char exec_report_path[4096];
+/* The command line as the image started: programs rewrite theirs (redis sets a process title
+ * over it), and the report must name what was run. */
+static char cmdline[sizeof(((struct al_report *)0)->argv)];
+static size_t cmdline_len;
 
-void _al_report_restart(void)
+void _al_report_restart(bool new_image)
 {
     atomic_store(&written, 0);
     image_start = _al_tsc_pair_now();
+    if (!new_image)
+        return; /* a forked child runs the same command line */
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, cmdline, sizeof cmdline - 1);
+    close(fd);
+    cmdline_len = n > 0 ? (size_t)n : 0;
 }
 
 static void read_cmdline(struct al_report *r)
 {
-    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t n = read(fd, r->argv, sizeof r->argv - 1);
-    close(fd);
-    if (n > 0)
-        r->argv_len = (size_t)n;
+    memcpy(r->argv, cmdline, cmdline_len);
+    r->argv_len = cmdline_len;
 }
 
 static void gather(struct al_report *r, bool has_status, int status)

@@ -64,3 +64,16 @@ size_t _al_shadow_footprint(void)
         l1_resident = l1_bytes;
     return regions * sizeof(struct al_shadow_region) + l1_resident;
 }
+
+/* The mark must change: set the seen bit and the large bit as the object wants them. Only the
+ * allocation that owns the address changes its bits, but neighbours share the word. */
+bool _al_shadow_mark_slow(_Atomic uint64_t *w, uint64_t old, uint64_t seen, uint64_t big, bool large)
+{
+    if (large)
+        old = atomic_fetch_or_explicit(w, seen | big, memory_order_relaxed);
+    else if (!(old & seen))
+        old = atomic_fetch_or_explicit(w, seen, memory_order_relaxed);
+    if (!large && (old & big))
+        atomic_fetch_and_explicit(w, ~big, memory_order_relaxed);
+    return (old & seen) != 0;
+}

@@ -42,6 +42,8 @@ size_t _al_shadow_footprint(void);
 #define AL_SHADOW_SEEN 1u
 #define AL_SHADOW_LARGE 2u
 
+bool _al_shadow_mark_slow(_Atomic uint64_t *w, uint64_t old, uint64_t seen, uint64_t big, bool large);
+
 /* Records that an allocation returned p, for an object of the given class. Returns true when
  * some earlier allocation had already returned p. */
 static inline __attribute__((always_inline)) bool _al_shadow_mark(const void *p, bool large)
@@ -62,10 +64,13 @@ static inline __attribute__((always_inline)) bool _al_shadow_mark(const void *p,
     unsigned shift = (unsigned)(g & 31) * 2;
     uint64_t seen = (uint64_t)AL_SHADOW_SEEN << shift, big = (uint64_t)AL_SHADOW_LARGE << shift;
     _Atomic uint64_t *w = &r->marks[g >> 5];
-    uint64_t old = atomic_fetch_or_explicit(w, large ? seen | big : seen, memory_order_relaxed);
-    if (__builtin_expect(!large && (old & big), 0))
-        atomic_fetch_and_explicit(w, ~big, memory_order_relaxed);
-    return (old & seen) != 0;
+    /* Most allocations return an address seen before whose mark is already right: a plain
+     * load settles those. Only a change takes an atomic (other granules share the word). */
+    uint64_t want = large ? seen | big : seen;
+    uint64_t old = atomic_load_explicit(w, memory_order_relaxed);
+    if (__builtin_expect((old & (seen | big)) == want, 1))
+        return true;
+    return _al_shadow_mark_slow(w, old, seen, big, large);
 }
 
 /* Whether the object at p (about to be freed) was allocated as a large object. */
