@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Exact counts: every count in the JSON `ops` table equals the truth a program of ours prints.
+
+usage: test_exact_counts.py PROG_C PROG_CXX
+
+PROG_C (malloc family) and PROG_CXX (operator new/delete) make exactly known numbers of calls
+from a serial part and a parallel part (4 threads + main) and print their truth per
+(op, size_class, reuse, phase). Every call of the process is counted, libc's own included, so
+each program runs twice under every allocator `alloclens allocators` finds: with --scale 0
+(the same threads, none of its own calls) and --scale 1. For every key the difference of the
+two reports' counts must equal the truth (absent keys count 0), ops the program never calls
+included.
+"""
+import json
+import os
+import sys
+
+import altest
+
+ALLOCATORS = ("glibc", "jemalloc", "tcmalloc", "mimalloc")
+C_OPS = ("malloc", "calloc", "realloc", "free", "posix_memalign", "aligned_alloc",
+         "memalign", "valloc", "pvalloc")
+CXX_OPS = ("new", "delete")
+ALL_OPS = C_OPS + CXX_OPS
+
+
+def table(rows):
+    """{(op, size_class, reuse, phase): count} from a list of ops/truth rows."""
+    t = {}
+    for r in rows:
+        key = (r["op"], r["size_class"], r["reuse"], r["phase"])
+        t[key] = t.get(key, 0) + int(r["count"])
+    return t
+
+
+def fmt_key(k):
+    return "/".join(k)
+
+
+def run_scale(tap, alloc, prog, scale, tmp, extra=(), prog_extra=()):
+    """One run under alloclens; returns (ops table or None, truth table or None, why)."""
+    out = os.path.join(tmp, "report.json")
+    if os.path.exists(out):
+        os.unlink(out)
+    proc, report = altest.run(alloc, [prog, "--scale", str(scale), *prog_extra], tmp,
+                              name="report", extra=extra, timeout=120)
+    if proc.returncode != 0:
+        return None, None, (f"exit status {proc.returncode}; stderr:\n"
+                            + proc.stderr.decode(errors="replace")[-2000:])
+    if report is None:
+        return None, None, "no JSON report written"
+    try:
+        truth = table(json.loads(proc.stdout.decode())["truth"])
+    except (ValueError, KeyError) as e:
+        return None, None, f"program output is not its truth JSON ({e}): {proc.stdout[:500]!r}"
+    if "ops" not in report:
+        return None, None, "report has no 'ops'"
+    return table(report["ops"]), truth, None
+
+
+def check_program(tap, label, alloc, prog, own_ops, extra=(), prog_extra=()):
+    tmp = altest.tmpdir()
+    ops0, truth0, why0 = run_scale(tap, alloc, prog, 0, tmp, extra, prog_extra)
+    ops1, truth1, why1 = run_scale(tap, alloc, prog, 1, tmp, extra, prog_extra)
+    if not tap.ok(why0 is None and why1 is None, f"{label}: both runs (scale 0, 1) complete",
+                  why0 or why1):
+        return
+    tap.ok(not truth0, f"{label}: scale 0 makes no calls of its own", truth0)
+
+    # The program's truth must itself cover what the issue asks for: every op of its family,
+    # serial and parallel, several hundred times.
+    thin = []
+    for op in own_ops:
+        for phase in ("serial", "parallel"):
+            n = sum(c for k, c in truth1.items() if k[0] == op and k[3] == phase)
+            if n < 100:
+                thin.append(f"{op}/{phase}: {n}")
+    tap.ok(not thin, f"{label}: program exercises every op in both phases", "\n".join(thin))
+
+    keys = set(ops0) | set(ops1) | set(truth1)
+    bad = {}
+    for k in sorted(keys):
+        want = truth1.get(k, 0)
+        got = ops1.get(k, 0) - ops0.get(k, 0)
+        if got != want:
+            bad.setdefault(k[0], []).append(
+                f"{fmt_key(k)}: truth {want}, report diff {got} "
+                f"(scale1 {ops1.get(k, 0)} - scale0 {ops0.get(k, 0)})")
+    for op in ALL_OPS:
+        if op in own_ops:
+            desc = f"{label}: {op} counts equal the truth (size class, reuse, phase)"
+        else:
+            desc = f"{label}: {op} counts unchanged by the program (it makes none)"
+        tap.ok(op not in bad, desc, "\n".join(bad.get(op, [])))
+    unknown = sorted({k[0] for k in keys} - set(ALL_OPS))
+    tap.ok(not unknown, f"{label}: no unknown op names", ", ".join(unknown))
+
+    # Totals per phase, a coarser view that tells a phase mix-up from a reuse mix-up.
+    if bad:
+        for phase in ("serial", "parallel"):
+            want = sum(c for k, c in truth1.items() if k[3] == phase)
+            got = (sum(c for k, c in ops1.items() if k[3] == phase)
+                   - sum(c for k, c in ops0.items() if k[3] == phase))
+            tap.diag(f"{label}: all ops, {phase}: truth {want}, report diff {got}")
+        # Is libc's own part stable? A second scale-0 run should give the same table.
+        again, _, why = run_scale(tap, alloc, prog, 0, tmp, extra, prog_extra)
+        if again is not None:
+            drift = [f"{fmt_key(k)}: {ops0.get(k, 0)} then {again.get(k, 0)}"
+                     for k in sorted(set(ops0) | set(again)) if ops0.get(k, 0) != again.get(k, 0)]
+            tap.diag(f"{label}: second scale-0 run " + ("differs from the first:\n" + "\n".join(drift)
+                                                        if drift else "is identical to the first"))
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    prog_c, prog_cxx = sys.argv[1:]
+    tap = altest.Tap()
+    found = altest.allocators()
+    tap.ok(found, "alloclens allocators finds allocators", "none found")
+    for prog, kind, own_ops in ((prog_c, "C", C_OPS), (prog_cxx, "C++", CXX_OPS)):
+        for alloc in ALLOCATORS:
+            if alloc not in found:
+                tap.skip(f"{kind} under {alloc}", "not installed")
+                continue
+            check_program(tap, f"{kind} under {alloc}", alloc, prog, own_ops)
+    # The large threshold is an option: with 8 KiB many of the program's small requests become
+    # large ones, on both sides of the line.
+    first = next((a for a in ALLOCATORS if a in found), None)
+    if first:
+        check_program(tap, f"C under {first}, --large-threshold 8192", first, prog_c, C_OPS,
+                      extra=("--large-threshold", "8192"),
+                      prog_extra=("--large-threshold", "8192"))
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
