@@ -27,6 +27,11 @@ int _al_cli_cmd_demo(int argc, char **argv);
 void _al_cli_run_usage(FILE *f);
 int _al_cli_cmd_options(int argc, char **argv);
 
+/* prerun.c */
+int _al_cli_cmd_prerun(int argc, char **argv);
+/* The config file for a run under ALLOC: given, cached or freshly probed. */
+int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, size_t cap);
+
 /* main.c: files installed beside the command (build tree or install tree) */
 int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, size_t cap);
 extern const char *_al_cli_self;

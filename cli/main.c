@@ -20,6 +20,8 @@ static void usage(FILE *f)
             "commands:\n"
             "  run [-a ALLOCATOR] [-o REPORT.json] [options] -- CMD [ARGS...]\n"
             "                 run CMD under the profiler; report on stderr at exit\n"
+            "  prerun -a ALLOCATOR [-o FILE]\n"
+            "                 probe an allocator: style, size classes, large threshold\n"
             "  allocators     list the allocators found on this machine (name, path, version)\n"
             "  demo           profile the bundled workload under every allocator found\n"
             "  options        the table of every tunable (environment variable, default, range)\n"
@@ -61,6 +63,8 @@ int main(int argc, char **argv)
         return _al_cli_cmd_allocators(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo"))
         return _al_cli_cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "prerun"))
+        return _al_cli_cmd_prerun(argc - 1, argv + 1);
     if (!strcmp(cmd, "options"))
         return _al_cli_cmd_options(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

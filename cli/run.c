@@ -134,6 +134,11 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
     snprintf(preload, len, "%s %s%s%s", lib, alloc->path, old && *old ? " " : "", old && *old ? old : "");
     setenv("LD_PRELOAD", preload, 1);
     setenv(_al_options[AL_OPT_ALLOCATOR].env, alloc->path, 1);
+    char config[4096];
+    if (_al_cli_config_for_run(alloc, config, sizeof config) == 0)
+        setenv(_al_options[AL_OPT_CONFIG].env, config, 1);
+    else
+        unsetenv(_al_options[AL_OPT_CONFIG].env);
     char pid[24];
     snprintf(pid, sizeof pid, "%d", (int)getpid());
     setenv(_al_options[AL_OPT_MAIN_PID].env, pid, 1);

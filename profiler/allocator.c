@@ -126,3 +126,34 @@ void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc
     if (requested && *requested && !same_file(requested, a->path))
         copy(a->requested, sizeof a->requested, requested);
 }
+
+void _al_allocator_load_config(struct al_allocator_info *a, const char *path)
+{
+    if (!path) {
+        copy(a->config_reason, sizeof a->config_reason,
+             "no allocator config given: 'alloclens run' probes the allocator, or set ALLOCLENS_CONFIG");
+        return;
+    }
+    copy(a->config_path, sizeof a->config_path, path);
+    struct al_alloc_config *c = _al_mem_map(sizeof *c);
+    if (!c) {
+        copy(a->config_reason, sizeof a->config_reason, "out of memory loading the allocator config");
+        return;
+    }
+    char err[512];
+    if (_al_config_load(path, c, err, sizeof err) < 0) {
+        _al_log("%s", err);
+        copy(a->config_reason, sizeof a->config_reason, err);
+        _al_mem_unmap(c, sizeof *c);
+        return;
+    }
+    if (a->path[0] && !same_file(c->allocator, a->path)) {
+        snprintf(err, sizeof err, "%.150s describes %.150s, but %.150s serves the calls: not used", path,
+                 c->allocator, a->path);
+        _al_log("%s", err);
+        copy(a->config_reason, sizeof a->config_reason, err);
+        _al_mem_unmap(c, sizeof *c);
+        return;
+    }
+    a->config = c;
+}

@@ -16,7 +16,11 @@ const struct al_option _al_options[AL_OPT_N] = {
         "human report of the main process: a file path, '-' for stderr, or 'off'" },
     [AL_OPT_LARGE_THRESHOLD] = { "large-threshold", "ALLOCLENS_LARGE_THRESHOLD", AL_OPT_SIZE,
         "131072", 1, 1ll << 40,
-        "smallest request (bytes; k/M/G suffixes) counted as a large object" },
+        "smallest request (bytes; k/M/G suffixes) counted as a large object; overrides the "
+        "allocator's config" },
+    [AL_OPT_CONFIG] = { "config", "ALLOCLENS_CONFIG", AL_OPT_STRING, "", 0, 0,
+        "allocator description (style, size classes, large threshold) from 'alloclens prerun'; "
+        "'alloclens run' uses its cached probe result when none is given" },
     [AL_OPT_ALLOCATOR] = { "allocator", "ALLOCLENS_ALLOCATOR", AL_OPT_STRING, "", 0, 0,
         "path of the allocator library asked for; the report warns when another one serves "
         "the calls (set by 'alloclens run -a')", true },
@@ -65,8 +69,9 @@ int _al_option_parse_num(const struct al_option *o, const char *text, long long 
     return 0;
 }
 
-static long long num_setting(enum al_opt_id id)
+static long long num_setting(enum al_opt_id id, bool *given)
 {
+    *given = false;
     const struct al_option *o = &_al_options[id];
     long long def = 0;
     _al_option_parse_num(o, o->def, &def);
@@ -75,8 +80,10 @@ static long long num_setting(enum al_opt_id id)
         return def;
     long long val;
     int r = _al_option_parse_num(o, v, &val);
-    if (r == 0)
+    if (r == 0) {
+        *given = true;
         return val;
+    }
     if (r == -ERANGE)
         _al_log("%s='%s' is out of range [%lld, %lld]; using the default %s", o->env, v, o->min,
                 o->max, o->def);
@@ -109,7 +116,9 @@ void _al_settings_load(struct al_settings *s)
     s->text = str_setting(AL_OPT_TEXT, s->text_buf, sizeof s->text_buf);
     if (s->text && strcmp(s->text, "off") == 0)
         s->text = NULL;
-    s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD);
+    bool given;
+    s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD, &s->large_threshold_set);
+    s->config = str_setting(AL_OPT_CONFIG, s->config_buf, sizeof s->config_buf);
     s->allocator = str_setting(AL_OPT_ALLOCATOR, s->allocator_buf, sizeof s->allocator_buf);
-    s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID);
+    s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
 }

@@ -102,6 +102,14 @@ void _al_process_start(void)
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),
                            _al_settings.allocator);
+    _al_allocator_load_config(&_al_allocator, _al_settings.config);
+    _al_allocator.threshold_source = "default";
+    if (_al_settings.large_threshold_set) {
+        _al_allocator.threshold_source = "option";
+    } else if (_al_allocator.config) {
+        _al_large_threshold = _al_allocator.config->large_threshold;
+        _al_allocator.threshold_source = "config";
+    }
     if (_al_allocator.program_defines_malloc)
         _al_log("the program defines malloc itself (%s): alloclens cannot stand in front of "
                 "that allocator and counts only what reaches it", _al_allocator.path);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "alloc_config.h"
 #include "shadow.h"
 
 #define AL_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -149,6 +150,7 @@ enum al_opt_id {
     AL_OPT_OUTPUT,
     AL_OPT_TEXT,
     AL_OPT_LARGE_THRESHOLD,
+    AL_OPT_CONFIG,
     AL_OPT_ALLOCATOR,
     AL_OPT_MAIN_PID,
     AL_OPT_N
@@ -164,9 +166,11 @@ struct al_settings {
     const char *output;     /* JSON report path, or NULL */
     const char *text;       /* text report path; "-" is stderr; NULL is none */
     uint64_t large_threshold;
+    bool large_threshold_set; /* given explicitly: wins over the allocator's config */
+    const char *config;     /* allocator description file, or NULL */
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
-    char output_buf[4096], text_buf[4096], allocator_buf[4096];
+    char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096];
 };
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the
@@ -289,12 +293,19 @@ struct al_allocator_info {
     char version[64];
     char requested[512];   /* what the user asked for, when it differs from what serves */
     bool program_defines_malloc;
+    const struct al_alloc_config *config; /* what the pre-run probe found, or NULL */
+    char config_path[512];
+    char config_reason[512]; /* why there is no config */
+    const char *threshold_source; /* "config", "option" or "default" */
 };
 
 extern struct al_allocator_info _al_allocator;
 
 void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc,
                             const void *own_malloc, const char *requested);
+/* Loads the allocator's description (ALLOCLENS_CONFIG); a config that cannot be read, or that
+ * describes another library than the one serving the calls, is reported and not used. */
+void _al_allocator_load_config(struct al_allocator_info *a, const char *path);
 
 /* ---- report.c / report_json.c / report_text.c --------------------------------------------- */
 

@@ -60,11 +60,27 @@ static void allocator(struct al_buf *b, const struct al_report *r)
         _al_buf_json_str(b, a->requested);
     }
     _al_buf_printf(b, ", \"program_defines_malloc\": %s", a->program_defines_malloc ? "true" : "false");
-    _al_buf_printf(b, ",\n    \"style\": null, \"large_threshold\": %llu, \"large_threshold_source\": \"default\", "
-                   "\"size_classes\": [],\n    \"config\": { \"available\": false, \"reason\": "
-                   "\"no pre-run probe in this build: small/large split at the default threshold "
-                   "(ALLOCLENS_LARGE_THRESHOLD)\" } },\n",
-                   (unsigned long long)r->large_threshold);
+    const struct al_alloc_config *c = a->config;
+    _al_buf_puts(b, ",\n    \"style\": ");
+    if (c)
+        _al_buf_json_str(b, _al_config_style_name(c->style));
+    else
+        _al_buf_puts(b, "null");
+    _al_buf_printf(b, ", \"large_threshold\": %llu, \"large_threshold_source\": \"%s\",\n    \"size_classes\": [",
+                   (unsigned long long)r->large_threshold, a->threshold_source ? a->threshold_source : "default");
+    for (uint32_t i = 0; c && i < c->nclasses; i++)
+        _al_buf_printf(b, "%s%llu", i ? ", " : "", (unsigned long long)c->classes[i]);
+    _al_buf_puts(b, "],\n    \"config\": { \"available\": ");
+    if (c) {
+        _al_buf_printf(b, "true, \"page_size\": %llu, \"path\": ", (unsigned long long)c->page_size);
+        _al_buf_json_str(b, a->config_path);
+        _al_buf_puts(b, ", \"confidence\": ");
+        _al_buf_json_str(b, c->confidence);
+    } else {
+        _al_buf_puts(b, "false, \"reason\": ");
+        _al_buf_json_str(b, a->config_reason);
+    }
+    _al_buf_puts(b, " } },\n");
 }
 
 static void ops(struct al_buf *b, const struct al_report *r)

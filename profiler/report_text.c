@@ -32,8 +32,19 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     _al_buf_printf(b, "allocator    %s%s%s (%s)\n", a->name, a->version[0] ? " " : "", a->version, a->path);
     if (a->requested[0])
         _al_buf_printf(b, "             asked for %s, which does not serve the calls\n", a->requested);
-    _al_buf_printf(b, "large        requests >= %llu bytes (default threshold: no pre-run probe yet)\n",
-                   (unsigned long long)r->large_threshold);
+    if (a->config)
+        _al_buf_printf(b, "style        %s, %u size classes (%llu .. %llu bytes), page %llu\n",
+                       _al_config_style_name(a->config->style), a->config->nclasses,
+                       (unsigned long long)a->config->classes[0],
+                       (unsigned long long)a->config->classes[a->config->nclasses - 1],
+                       (unsigned long long)a->config->page_size);
+    else
+        _al_buf_printf(b, "style        unknown: %s\n", a->config_reason);
+    _al_buf_printf(b, "large        requests >= %llu bytes (threshold from the %s)\n",
+                   (unsigned long long)r->large_threshold,
+                   a->threshold_source && !strcmp(a->threshold_source, "config") ? "allocator's config"
+                   : a->threshold_source && !strcmp(a->threshold_source, "option") ? "--large-threshold option"
+                                                                                   : "default: no config");
     _al_buf_puts(b, "runtime      ");
     human_time(b, (double)r->runtime_ns);
     _al_buf_printf(b, "; threads %llu in all, at most %llu at once; serial ",

@@ -1,0 +1,358 @@
+/* The allocator description's text format: strict parser, writer, file identity.
+ *
+ *   alloclens-config 1
+ *   # comments and blank lines anywhere after the version line
+ *   allocator /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+ *   identity 2049 1835122 751832 1667923200000000000     (dev ino size mtime_ns; mtime_ns may be < 0)
+ *   style bibop                                          (or: sequential)
+ *   page_size 4096
+ *   large_threshold 14337
+ *   size_classes 8 16 32 48 ...                          (ascending; may repeat the key to continue)
+ *   confidence any free text
+ *
+ * Every key but confidence must appear (size_classes at least once); numbers are decimal.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "alloc_config.h"
+
+#define MAX_FILE (4u << 20)
+
+struct parser {
+    const char *name;
+    unsigned line;
+    char *err;
+    size_t errcap;
+};
+
+static int fail(struct parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int fail(struct parser *p, const char *fmt, ...)
+{
+    if (p->err && p->errcap) {
+        int n = snprintf(p->err, p->errcap, "%s:%u: ", p->name, p->line);
+        if (n < 0 || (size_t)n >= p->errcap)
+            n = 0;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->err + n, p->errcap - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return -EINVAL;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+/* One decimal number without sign or suffix, at most 2^63 - 1. */
+static int parse_u64(struct parser *p, const char **s, const char *end, uint64_t *ret, const char *what)
+{
+    const char *c = *s;
+    if (c >= end || *c < '0' || *c > '9')
+        return fail(p, "%s: expected a decimal number", what);
+    uint64_t v = 0;
+    while (c < end && *c >= '0' && *c <= '9') {
+        unsigned d = (unsigned)(*c - '0');
+        if (v > (UINT64_MAX / 2 - d) / 10)
+            return fail(p, "%s: number too large", what);
+        v = v * 10 + d;
+        c++;
+    }
+    if (c < end && !is_space(*c))
+        return fail(p, "%s: '%c' after a number", what, *c);
+    while (c < end && is_space(*c))
+        c++;
+    *s = c;
+    *ret = v;
+    return 0;
+}
+
+static int expect_end(struct parser *p, const char *s, const char *end, const char *key)
+{
+    if (s != end)
+        return fail(p, "%s: unexpected text after the value", key);
+    return 0;
+}
+
+enum { K_ALLOCATOR, K_IDENTITY, K_STYLE, K_PAGE, K_THRESHOLD, K_CLASSES, K_CONFIDENCE, K_N };
+static const char *const keys[K_N] = { "allocator", "identity", "style", "page_size",
+                                       "large_threshold", "size_classes", "confidence" };
+
+static int parse_line(struct parser *p, const char *s, const char *end, struct al_alloc_config *c,
+                      bool seen[K_N])
+{
+    const char *k = s;
+    while (s < end && !is_space(*s))
+        s++;
+    size_t klen = (size_t)(s - k);
+    while (s < end && is_space(*s))
+        s++;
+    int key = -1;
+    for (int i = 0; i < K_N; i++)
+        if (strlen(keys[i]) == klen && memcmp(keys[i], k, klen) == 0)
+            key = i;
+    if (key < 0)
+        return fail(p, "unknown key '%.*s'", (int)(klen > 40 ? 40 : klen), k);
+    if (seen[key] && key != K_CLASSES)
+        return fail(p, "%s given twice", keys[key]);
+    if (s == end && key != K_CONFIDENCE)
+        return fail(p, "%s: missing value", keys[key]);
+    seen[key] = true;
+    switch (key) {
+    case K_ALLOCATOR: {
+        size_t n = (size_t)(end - s);
+        if (n >= sizeof c->allocator)
+            return fail(p, "allocator: path too long");
+        if (s[0] != '/')
+            return fail(p, "allocator: not an absolute path");
+        memcpy(c->allocator, s, n);
+        c->allocator[n] = '\0';
+        return 0;
+    }
+    case K_IDENTITY: {
+        uint64_t v[4];
+        /* mtime_ns is signed (a file dated before 1970): the writer prints it with %lld. */
+        bool neg = false;
+        for (int i = 0; i < 4; i++) {
+            if (i == 3 && s + 1 < end && s[0] == '-' && s[1] >= '0' && s[1] <= '9') {
+                neg = true;
+                s++;
+            }
+            if (parse_u64(p, &s, end, &v[i], "identity") < 0)
+                return -EINVAL;
+        }
+        c->identity = (struct al_file_identity){ v[0], v[1], v[2], neg ? -(int64_t)v[3] : (int64_t)v[3] };
+        return expect_end(p, s, end, "identity");
+    }
+    case K_STYLE: {
+        size_t n = (size_t)(end - s);
+        if (n == 5 && memcmp(s, "bibop", 5) == 0)
+            c->style = AL_STYLE_BIBOP;
+        else if (n == 10 && memcmp(s, "sequential", 10) == 0)
+            c->style = AL_STYLE_SEQUENTIAL;
+        else
+            return fail(p, "style: expected 'bibop' or 'sequential'");
+        return 0;
+    }
+    case K_PAGE:
+        if (parse_u64(p, &s, end, &c->page_size, "page_size") < 0)
+            return -EINVAL;
+        if (c->page_size < 512 || (c->page_size & (c->page_size - 1)))
+            return fail(p, "page_size: not a power of two of at least 512");
+        return expect_end(p, s, end, "page_size");
+    case K_THRESHOLD:
+        if (parse_u64(p, &s, end, &c->large_threshold, "large_threshold") < 0)
+            return -EINVAL;
+        if (c->large_threshold < 2 || c->large_threshold > (1ull << 40))
+            return fail(p, "large_threshold: outside 2..2^40");
+        return expect_end(p, s, end, "large_threshold");
+    case K_CLASSES:
+        while (s < end) {
+            uint64_t v;
+            if (parse_u64(p, &s, end, &v, "size_classes") < 0)
+                return -EINVAL;
+            if (v == 0)
+                return fail(p, "size_classes: a class of 0 bytes");
+            if (c->nclasses && v <= c->classes[c->nclasses - 1])
+                return fail(p, "size_classes: %llu is not above the class before it",
+                            (unsigned long long)v);
+            if (c->nclasses == AL_CONFIG_MAX_CLASSES)
+                return fail(p, "size_classes: more than %d classes", AL_CONFIG_MAX_CLASSES);
+            c->classes[c->nclasses++] = v;
+        }
+        return 0;
+    case K_CONFIDENCE: {
+        size_t n = (size_t)(end - s);
+        if (n >= sizeof c->confidence) {
+            n = sizeof c->confidence - 1;
+            while (n && is_space(s[n - 1])) /* as the line itself is trimmed, or it won't read back */
+                n--;
+        }
+        memcpy(c->confidence, s, n);
+        c->confidence[n] = '\0';
+        return 0;
+    }
+    }
+    return 0;
+}
+
+int _al_config_parse(const char *text, size_t len, const char *name, struct al_alloc_config *out,
+                     char *err, size_t errcap)
+{
+    struct parser p = { name ? name : "config", 0, err, errcap };
+    struct al_alloc_config *c = out;
+    memset(c, 0, offsetof(struct al_alloc_config, classes));
+    c->confidence[0] = '\0';
+    bool seen[K_N] = { false };
+    bool version = false;
+    const char *s = text, *end = text + len;
+    int r = 0;
+    while (s < end) {
+        p.line++;
+        const char *eol = memchr(s, '\n', (size_t)(end - s));
+        const char *le = eol ? eol : end;
+        const char *next = eol ? eol + 1 : end;
+        if (le > s && le[-1] == '\r')
+            le--;
+        for (const char *q = s; q < le; q++) {
+            if ((unsigned char)*q < 0x20 && *q != '\t') {
+                r = fail(&p, "control character in the line");
+                goto out;
+            }
+        }
+        const char *a = s;
+        while (a < le && is_space(*a))
+            a++;
+        const char *b = le;
+        while (b > a && is_space(b[-1]))
+            b--;
+        if (!version) {
+            static const char v[] = "alloclens-config";
+            if ((size_t)(b - a) < sizeof v || memcmp(a, v, sizeof v - 1) != 0 || !is_space(a[sizeof v - 1])) {
+                r = fail(&p, "expected the version line 'alloclens-config %d'", AL_CONFIG_VERSION);
+                goto out;
+            }
+            const char *n = a + sizeof v;
+            while (n < b && is_space(*n))
+                n++;
+            uint64_t ver;
+            if (parse_u64(&p, &n, b, &ver, "version") < 0) {
+                r = -EINVAL;
+                goto out;
+            }
+            if (ver != AL_CONFIG_VERSION || n != b) {
+                r = fail(&p, "unsupported version (this alloclens reads version %d)", AL_CONFIG_VERSION);
+                goto out;
+            }
+            version = true;
+        } else if (a < b && *a != '#') {
+            if ((r = parse_line(&p, a, b, c, seen)) < 0)
+                goto out;
+        }
+        s = next;
+    }
+    p.line++;
+    if (!version) {
+        r = fail(&p, "empty file: expected the version line 'alloclens-config %d'", AL_CONFIG_VERSION);
+        goto out;
+    }
+    for (int i = 0; i < K_N; i++) {
+        if (!seen[i] && i != K_CONFIDENCE) {
+            r = fail(&p, "missing key '%s'", keys[i]);
+            goto out;
+        }
+    }
+    if (c->classes[c->nclasses - 1] + 1 < c->large_threshold) {
+        r = fail(&p, "large_threshold %llu: requests from %llu up are in no size class",
+                 (unsigned long long)c->large_threshold,
+                 (unsigned long long)c->classes[c->nclasses - 1] + 1);
+        goto out;
+    }
+    if (c->classes[0] >= c->large_threshold) {
+        r = fail(&p, "large_threshold %llu: at or below the smallest size class",
+                 (unsigned long long)c->large_threshold);
+        goto out;
+    }
+out:
+    if (r < 0)
+        memset(out, 0, offsetof(struct al_alloc_config, classes));
+    return r;
+}
+
+int _al_config_load(const char *path, struct al_alloc_config *out, char *err, size_t errcap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errcap, "%s: cannot read: %s", path, strerror(e));
+        return -e;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_FILE) {
+        snprintf(err, errcap, "%s: cannot read: not a regular file of at most %u bytes", path, MAX_FILE);
+        close(fd);
+        return -EINVAL;
+    }
+    char *text = mmap(NULL, (size_t)st.st_size + 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (text == MAP_FAILED) {
+        close(fd);
+        snprintf(err, errcap, "%s: cannot read: out of memory", path);
+        return -ENOMEM;
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, text + got, (size_t)st.st_size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    int r = _al_config_parse(text, got, path, out, err, errcap);
+    munmap(text, (size_t)st.st_size + 1);
+    return r;
+}
+
+const char *_al_config_style_name(enum al_style s)
+{
+    return s == AL_STYLE_SEQUENTIAL ? "sequential" : "bibop";
+}
+
+long _al_config_format(const struct al_alloc_config *c, char *buf, size_t cap)
+{
+    size_t off = 0;
+#define PUT(...)                                                                  \
+    do {                                                                          \
+        int n_ = snprintf(buf + off, off < cap ? cap - off : 0, __VA_ARGS__);     \
+        if (n_ < 0 || off + (size_t)n_ >= cap)                                    \
+            return -ENOSPC;                                                       \
+        off += (size_t)n_;                                                        \
+    } while (0)
+    PUT("alloclens-config %d\n", AL_CONFIG_VERSION);
+    PUT("# What alloclens knows of this allocator, found by 'alloclens prerun'. Edit with care:\n"
+        "# one key per line; see docs/config-format.md.\n");
+    PUT("allocator %s\n", c->allocator);
+    PUT("identity %llu %llu %llu %lld\n", (unsigned long long)c->identity.dev,
+        (unsigned long long)c->identity.ino, (unsigned long long)c->identity.size,
+        (long long)c->identity.mtime_ns);
+    PUT("style %s\n", _al_config_style_name(c->style));
+    PUT("page_size %llu\n", (unsigned long long)c->page_size);
+    PUT("large_threshold %llu\n", (unsigned long long)c->large_threshold);
+    for (uint32_t i = 0; i < c->nclasses; i += 16) {
+        PUT("size_classes");
+        for (uint32_t j = i; j < c->nclasses && j < i + 16; j++)
+            PUT(" %llu", (unsigned long long)c->classes[j]);
+        PUT("\n");
+    }
+    if (c->confidence[0])
+        PUT("confidence %s\n", c->confidence);
+#undef PUT
+    return (long)off;
+}
+
+int _al_config_identity(const char *path, struct al_file_identity *ret)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return -errno;
+    ret->dev = st.st_dev;
+    ret->ino = st.st_ino;
+    ret->size = (uint64_t)st.st_size;
+    ret->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    return 0;
+}
+
+bool _al_config_identity_equal(const struct al_file_identity *a, const struct al_file_identity *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns;
+}

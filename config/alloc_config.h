@@ -1,0 +1,86 @@
+/* config/: the description of an allocator that alloclens needs (style, size classes, large
+ * threshold, page size), its text format, and the size -> class lookup the hot path uses.
+ *
+ * The format is documented in docs/config-format.md: a version line, comments, one key per
+ * line. The parser is strict: the first malformed line is reported as FILE:LINE: what is
+ * wrong, and the whole file is rejected. Nothing here allocates: callers own the storage.
+ */
+#ifndef ALLOCLENS_ALLOC_CONFIG_H
+#define ALLOCLENS_ALLOC_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define AL_CONFIG_VERSION 1
+#define AL_CONFIG_MAX_CLASSES 16384
+#define AL_CONFIG_PATH_MAX 4096
+
+enum al_style { AL_STYLE_BIBOP, AL_STYLE_SEQUENTIAL };
+
+struct al_file_identity {
+    uint64_t dev, ino, size;
+    int64_t mtime_ns;
+};
+
+struct al_alloc_config {
+    char allocator[AL_CONFIG_PATH_MAX];   /* library path the description is for */
+    struct al_file_identity identity;     /* of that file when probed: a changed file is re-probed */
+    enum al_style style;
+    uint64_t page_size;
+    uint64_t large_threshold;             /* smallest request served as a large object */
+    char confidence[256];                 /* the probe's own account of how sure it is */
+    uint32_t nclasses;
+    uint64_t classes[AL_CONFIG_MAX_CLASSES]; /* ascending; the last covers large_threshold - 1 */
+};
+
+/* Parses TEXT (LEN bytes, need not be NUL-terminated). 0 on success; otherwise -EINVAL with
+ * "NAME:LINE: what is wrong" in ERR, and OUT left empty (no classes): a file is taken whole or
+ * not at all. */
+int _al_config_parse(const char *text, size_t len, const char *name, struct al_alloc_config *out,
+                     char *err, size_t errcap);
+
+/* Reads and parses a file; errors as above ("NAME: cannot read: ..." for I/O). */
+int _al_config_load(const char *path, struct al_alloc_config *out, char *err, size_t errcap);
+
+/* Writes the text form into BUF (CAP bytes); returns the length, or -ENOSPC. */
+long _al_config_format(const struct al_alloc_config *c, char *buf, size_t cap);
+
+/* The identity of a file now (0), or -errno. */
+int _al_config_identity(const char *path, struct al_file_identity *ret);
+bool _al_config_identity_equal(const struct al_file_identity *a, const struct al_file_identity *b);
+const char *_al_config_style_name(enum al_style s);
+
+/* ---- size_class.c: O(1) request size -> class size ---------------------------------------- */
+
+/* Two linear tables: one for requests up to AL_CLASS_SPLIT bytes, one above, each with the
+ * coarsest power-of-two granularity that divides every class boundary in its range. */
+#define AL_CLASS_SPLIT 65536u
+
+struct al_class_table {
+    uint64_t threshold;
+    unsigned shift_lo, shift_hi;
+    uint32_t n_lo, n_hi;
+    uint32_t *lo, *hi;          /* class index for each granule */
+    const uint64_t *classes;
+    uint32_t nclasses;
+};
+
+/* Bytes the tables need for config C (so callers can provide them from their own memory). */
+size_t _al_class_table_bytes(const struct al_alloc_config *c);
+/* Builds the tables in MEM (of _al_class_table_bytes bytes); 0 or -EINVAL. */
+int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config *c, void *mem);
+
+/* The class size serving a request of SIZE bytes; 0 when SIZE is large. */
+static inline uint64_t _al_class_of(const struct al_class_table *t, uint64_t size)
+{
+    if (size >= t->threshold)
+        return 0;
+    if (size == 0)
+        size = 1;
+    uint32_t i = size <= AL_CLASS_SPLIT ? t->lo[(size - 1) >> t->shift_lo]
+                                        : t->hi[(size - AL_CLASS_SPLIT - 1) >> t->shift_hi];
+    return t->classes[i];
+}
+
+#endif

@@ -1,0 +1,86 @@
+/* O(1) request size -> size class: two linear tables of class indexes, one for requests up to
+ * AL_CLASS_SPLIT and one above, each at the coarsest power-of-two granularity that keeps
+ * every class boundary on a granule boundary (16 bytes for glibc, 8 KiB and more above 64 KiB
+ * for the BiBOP allocators), so the tables stay small whatever the threshold. */
+#include <errno.h>
+#include <string.h>
+
+#include "alloc_config.h"
+
+#define MAX_ENTRIES (1u << 22)
+
+/* Largest power of two (as a shift) dividing every boundary of the range (lo, hi]. */
+static unsigned granularity(const struct al_alloc_config *c, uint64_t lo, uint64_t hi)
+{
+    unsigned shift = 16;
+    for (uint32_t i = 0; i < c->nclasses; i++) {
+        uint64_t b = c->classes[i];
+        if (b <= lo || b >= hi)
+            continue;
+        unsigned z = (unsigned)__builtin_ctzll(b - lo);
+        if (z < shift)
+            shift = z;
+    }
+    return shift;
+}
+
+static void layout(const struct al_alloc_config *c, unsigned *s_lo, unsigned *s_hi, uint32_t *n_lo, uint32_t *n_hi)
+{
+    uint64_t top = c->large_threshold - 1; /* the largest small request */
+    uint64_t lo_top = top < AL_CLASS_SPLIT ? top : AL_CLASS_SPLIT;
+    *s_lo = granularity(c, 0, lo_top);
+    *n_lo = (uint32_t)((lo_top + (1ull << *s_lo) - 1) >> *s_lo);
+    *s_hi = 0;
+    *n_hi = 0;
+    if (top > AL_CLASS_SPLIT) {
+        *s_hi = granularity(c, AL_CLASS_SPLIT, top);
+        uint64_t n = (top - AL_CLASS_SPLIT + (1ull << *s_hi) - 1) >> *s_hi;
+        *n_hi = n > MAX_ENTRIES ? MAX_ENTRIES + 1 : (uint32_t)n;
+    }
+}
+
+size_t _al_class_table_bytes(const struct al_alloc_config *c)
+{
+    unsigned s_lo, s_hi;
+    uint32_t n_lo, n_hi;
+    if (!c->nclasses || c->large_threshold < 2)
+        return 0;
+    layout(c, &s_lo, &s_hi, &n_lo, &n_hi);
+    return ((size_t)n_lo + n_hi) * sizeof(uint32_t);
+}
+
+int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config *c, void *mem)
+{
+    if (!c->nclasses || c->large_threshold < 2 || c->classes[c->nclasses - 1] + 1 < c->large_threshold)
+        return -EINVAL;
+    layout(c, &t->shift_lo, &t->shift_hi, &t->n_lo, &t->n_hi);
+    if (t->n_hi > MAX_ENTRIES || t->n_lo > MAX_ENTRIES)
+        return -EINVAL;
+    t->lo = mem;
+    t->hi = t->lo + t->n_lo;
+    t->threshold = c->large_threshold;
+    t->classes = c->classes;
+    t->nclasses = c->nclasses;
+    /* Fill granule by granule: the class of a granule is the first class at or above its
+     * largest request. The last granule may reach past the largest small request (threshold
+     * - 1), and classes above that are no boundary: stop there. */
+    uint64_t top = c->large_threshold - 1;
+    uint32_t k = 0;
+    for (uint32_t g = 0; g < t->n_lo; g++) {
+        uint64_t last = ((uint64_t)g + 1) << t->shift_lo;
+        if (last > top)
+            last = top;
+        while (k + 1 < c->nclasses && c->classes[k] < last)
+            k++;
+        t->lo[g] = k;
+    }
+    for (uint32_t g = 0; g < t->n_hi; g++) {
+        uint64_t last = AL_CLASS_SPLIT + (((uint64_t)g + 1) << t->shift_hi);
+        if (last > top)
+            last = top;
+        while (k + 1 < c->nclasses && c->classes[k] < last)
+            k++;
+        t->hi[g] = k;
+    }
+    return 0;
+}
