@@ -270,7 +270,8 @@ out:
 
 int _al_config_load(const char *path, struct al_alloc_config *out, char *err, size_t errcap)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Non-blocking, so a FIFO given by mistake is refused by the check below, not waited on. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         snprintf(err, errcap, "%s: cannot read: %s", path, strerror(e));

@@ -190,7 +190,7 @@ struct al_thread {
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
     struct al_thread *next;
     struct al_row rows[AL_ROWS];
-    uint64_t *hist;  /* AL_ROWS x AL_HIST_BUCKETS, lazily committed */
+    uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
 };
 
 extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
@@ -227,6 +227,7 @@ extern uint64_t _al_tsc_overhead;
 extern struct al_first_call _al_first;
 
 void _al_record_first(struct al_thread *t, unsigned row, uint64_t cycles);
+uint64_t *_al_thread_hist_row(struct al_thread *t, unsigned row);
 
 AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles)
 {
@@ -239,7 +240,10 @@ AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles
     cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
     AL_BUMP(r->timed, 1);
     AL_BUMP(r->cycles, cycles);
-    AL_BUMP(t->hist[(size_t)row * AL_HIST_BUCKETS + _al_hist_bucket(cycles)], 1);
+    uint64_t *h = t->hist[row];
+    if (AL_UNLIKELY(h == NULL))
+        h = _al_thread_hist_row(t, row);
+    AL_BUMP(h[_al_hist_bucket(cycles)], 1);
 }
 
 AL_INLINE unsigned _al_phase_now(void)

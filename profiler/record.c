@@ -19,5 +19,6 @@ AL_NOINLINE void _al_record_first(struct al_thread *t, unsigned row, uint64_t cy
     cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
     AL_BUMP(r->timed, 1);
     AL_BUMP(r->cycles, cycles);
-    AL_BUMP(t->hist[(size_t)row * AL_HIST_BUCKETS + _al_hist_bucket(cycles)], 1);
+    uint64_t *h = t->hist[row] ? t->hist[row] : _al_thread_hist_row(t, row);
+    AL_BUMP(h[_al_hist_bucket(cycles)], 1);
 }

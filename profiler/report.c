@@ -9,12 +9,17 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "profiler.h"
 
 static _Atomic int written;
+/* What stderr was when the image started: a program may close it and reuse fd 2 for a file
+ * of its own, which must not receive our report. */
+static struct stat stderr_at_start;
+static bool stderr_open;
 static struct al_clock_pair image_start;
 static char exec_report_path[4096];
 /* The command line as the image started: programs rewrite theirs (redis sets a process title
@@ -28,6 +33,7 @@ void _al_report_restart(bool new_image)
     image_start = _al_tsc_pair_now();
     if (!new_image)
         return; /* a forked child runs the same command line */
+    stderr_open = fstat(STDERR_FILENO, &stderr_at_start) == 0;
     int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return;
@@ -148,8 +154,12 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
         struct al_buf b = { 0 };
         _al_report_text(&b, r);
         if (strcmp(_al_settings.text, "-") == 0) {
-            int e = _al_buf_write_fd(&b, STDERR_FILENO);
-            (void)e; /* stderr closed or full: there is nowhere left to say so */
+            struct stat now;
+            if (stderr_open && fstat(STDERR_FILENO, &now) == 0 && now.st_dev == stderr_at_start.st_dev &&
+                now.st_ino == stderr_at_start.st_ino) {
+                int e = _al_buf_write_fd(&b, STDERR_FILENO);
+                (void)e; /* stderr full or gone: there is nowhere left to say so */
+            }
         } else {
             int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             write_file(&b, fd, _al_settings.text);

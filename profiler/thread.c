@@ -14,6 +14,12 @@
 #include "profiler.h"
 
 #define HIST_BYTES ((size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t))
+#define ROW_HIST_BYTES (AL_HIST_BUCKETS * sizeof(uint64_t))
+
+/* glibc's registration of a thread's exit callback (what C++ thread_local destructors use):
+ * unlike a pthread key it takes nothing from the program's own limits. */
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *obj, void *dso);
+extern void *__dso_handle;
 
 __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
 _Atomic int _al_live_threads = 1;
@@ -24,11 +30,10 @@ static struct {
     struct al_thread *spare;
     struct al_row rows[AL_ROWS];   /* exited threads */
     uint64_t *hist;                /* exited threads */
+    uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row */
     uint64_t total, max_live;
     uint64_t phase_since;
     uint64_t serial_cycles, parallel_cycles;
-    pthread_key_t exit_key;
-    bool key_ok;
 } reg = { .total = 1, .max_live = 1 };
 
 static void lock(void)
@@ -46,15 +51,17 @@ static void unlock(void)
     atomic_store_explicit(&reg.lock, 0, memory_order_release);
 }
 
-static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row *src, const uint64_t *src_hist)
+/* Adds SRC's rows and histograms (one array per row, NULL for rows never timed) to DST's
+ * (one flat AL_ROWS x AL_HIST_BUCKETS table). */
+static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row *src, uint64_t *const *src_hist)
 {
     for (unsigned i = 0; i < AL_ROWS; i++) {
         uint64_t timed = AL_READ(src[i].timed);
         dst[i].count += AL_READ(src[i].count);
         dst[i].timed += timed;
         dst[i].cycles += AL_READ(src[i].cycles);
-        if (timed && dst_hist && src_hist) {
-            const uint64_t *s = src_hist + (size_t)i * AL_HIST_BUCKETS;
+        const uint64_t *s = __atomic_load_n(&src_hist[i], __ATOMIC_ACQUIRE);
+        if (timed && dst_hist && s) {
             uint64_t *d = dst_hist + (size_t)i * AL_HIST_BUCKETS;
             for (unsigned b = 0; b < AL_HIST_BUCKETS; b++)
                 d[b] += AL_READ(s[b]);
@@ -65,9 +72,23 @@ static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row
 static void clear_state(struct al_thread *t)
 {
     memset(t->rows, 0, sizeof t->rows);
-    /* Dropping the pages zeroes them and gives the memory back until the next owner counts. */
-    madvise(t->hist, HIST_BYTES, MADV_DONTNEED);
+    for (unsigned i = 0; i < AL_ROWS; i++)
+        if (t->hist[i])
+            memset(t->hist[i], 0, ROW_HIST_BYTES);
     t->spawned = 0;
+}
+
+/* A row's histogram, made the first time the row is timed: a thread uses a handful of the
+ * rows, so whole-table histograms per thread would be mostly empty. Kept with the state when
+ * it is reused. */
+AL_NOINLINE uint64_t *_al_thread_hist_row(struct al_thread *t, unsigned row)
+{
+    static uint64_t overflow[AL_HIST_BUCKETS]; /* out of memory: counted, not attributed */
+    uint64_t *h = _al_mem_alloc(ROW_HIST_BYTES);
+    if (!h)
+        return overflow;
+    __atomic_store_n(&t->hist[row], h, __ATOMIC_RELEASE);
+    return h;
 }
 
 /* Phase time: cycles spent with one live thread (serial) or more (parallel). Lock held. */
@@ -83,9 +104,15 @@ static void phase_account(int live_before)
     reg.phase_since = now;
 }
 
+/* Set once this thread's exit callback ran: calls it still makes (later destructors, and the
+ * free of the callback's own list entry) get a state that is not registered again, or the
+ * C library's loop over exit callbacks would never end. That state is kept, uncycled. */
+static __thread bool exited __attribute__((tls_model("initial-exec")));
+
 static void thread_exit(void *arg)
 {
     struct al_thread *t = arg;
+    exited = true;
     t->busy = 1;
     lock();
     add_rows(reg.rows, reg.hist, t->rows, t->hist);
@@ -111,10 +138,9 @@ static void thread_exit(void *arg)
 void _al_threads_init(void)
 {
     reg.hist = _al_mem_map(HIST_BYTES);
+    for (unsigned i = 0; reg.hist && i < AL_ROWS; i++)
+        reg.hist_rows[i] = reg.hist + (size_t)i * AL_HIST_BUCKETS;
     reg.phase_since = _al_tsc();
-    reg.key_ok = pthread_key_create(&reg.exit_key, thread_exit) == 0;
-    if (!reg.key_ok)
-        _al_log("cannot create a thread key: threads that exit are not merged into the report");
 }
 
 struct al_thread *_al_thread_attach(void)
@@ -128,11 +154,6 @@ struct al_thread *_al_thread_attach(void)
         t = _al_mem_map(sizeof *t);
         if (!t)
             return NULL;
-        t->hist = _al_mem_map(HIST_BYTES);
-        if (!t->hist) {
-            _al_mem_unmap(t, sizeof *t);
-            return NULL;
-        }
     }
     t->busy = 1;
     _al_tls = t;
@@ -140,10 +161,10 @@ struct al_thread *_al_thread_attach(void)
     t->next = reg.live;
     reg.live = t;
     unlock();
-    /* May allocate (keys past the first 32 live in calloc'd blocks): busy is set, so that
-     * nested call is forwarded and not counted. */
-    if (reg.key_ok)
-        pthread_setspecific(reg.exit_key, t);
+    /* Allocates its list entry: busy is set, so that nested call is forwarded, not counted.
+     * If it fails the thread's counts stay in the registry as if it were still running. */
+    if (!exited)
+        __cxa_thread_atexit_impl(thread_exit, t, &__dso_handle);
     return t;
 }
 
@@ -203,7 +224,7 @@ void _al_threads_after_fork_child(void)
     }
     memset(reg.rows, 0, sizeof reg.rows);
     if (reg.hist)
-        madvise(reg.hist, HIST_BYTES, MADV_DONTNEED);
+        memset(reg.hist, 0, HIST_BYTES);
     atomic_store_explicit(&_al_live_threads, 1, memory_order_relaxed);
     reg.total = reg.max_live = 1;
     reg.serial_cycles = reg.parallel_cycles = 0;
@@ -214,7 +235,7 @@ void _al_threads_after_fork_child(void)
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot)
 {
     lock();
-    add_rows(rows, hist, reg.rows, reg.hist);
+    add_rows(rows, hist, reg.rows, reg.hist_rows);
     for (struct al_thread *t = reg.live; t; t = t->next)
         add_rows(rows, hist, t->rows, t->hist);
     int live = atomic_load_explicit(&_al_live_threads, memory_order_relaxed);

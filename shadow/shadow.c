@@ -7,7 +7,7 @@
 
 struct al_shadow _al_shadow;
 
-static size_t l1_bytes;
+static size_t dir_bytes;
 
 uint64_t _al_shadow_address_bits(void)
 {
@@ -24,45 +24,59 @@ uint64_t _al_shadow_address_bits(void)
 int _al_shadow_init(void)
 {
     uint64_t bits = _al_shadow_address_bits();
-    uint64_t entries = 1ull << (bits - AL_SHADOW_REGION_SHIFT);
-    size_t bytes = entries * sizeof(*_al_shadow.l1);
+    uint64_t entries = 1ull << (bits - AL_SHADOW_SLICE_SHIFT);
+    size_t bytes = entries * sizeof(*_al_shadow.dir);
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return -errno;
-    l1_bytes = bytes;
-    _al_shadow.l1 = p;
-    _al_shadow.l1_entries = entries;
+    dir_bytes = bytes;
+    _al_shadow.dir = p;
+    _al_shadow.dir_entries = entries;
     return 0;
 }
 
-struct al_shadow_region *_al_shadow_region_create(uint64_t index)
+/* Installs *slot from a fresh zeroed mapping of SIZE bytes unless another thread got there
+ * first; returns what the slot holds. */
+static void *install(_Atomic(void *) *slot, size_t size, _Atomic uint64_t *made)
 {
-    if (!_al_shadow.l1)
-        return NULL;
-    void *p = mmap(NULL, sizeof(struct al_shadow_region), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    struct al_shadow_region *expected = NULL;
-    if (!atomic_compare_exchange_strong_explicit(&_al_shadow.l1[index], &expected, p,
-                                                 memory_order_acq_rel, memory_order_acquire)) {
-        /* Another thread created it first. */
-        munmap(p, sizeof(struct al_shadow_region));
+    void *expected = NULL;
+    if (!atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel, memory_order_acquire)) {
+        munmap(p, size);
         return expected;
     }
-    atomic_fetch_add_explicit(&_al_shadow.regions, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(made, 1, memory_order_relaxed);
     return p;
+}
+
+struct al_shadow_region *_al_shadow_region_create(uint64_t a)
+{
+    uint64_t d = a >> AL_SHADOW_SLICE_SHIFT;
+    if (!_al_shadow.dir || d >= _al_shadow.dir_entries) {
+        atomic_fetch_add_explicit(&_al_shadow.untracked, 1, memory_order_relaxed);
+        return NULL;
+    }
+    struct al_shadow_slice *s = atomic_load_explicit(&_al_shadow.dir[d], memory_order_acquire);
+    if (!s)
+        s = install((_Atomic(void *) *)&_al_shadow.dir[d], sizeof *s, &_al_shadow.slices);
+    if (!s)
+        return NULL;
+    _Atomic(struct al_shadow_region *) *slot = &s->region[(a >> AL_SHADOW_REGION_SHIFT) & (AL_SHADOW_SLICE_ENTRIES - 1)];
+    struct al_shadow_region *r = atomic_load_explicit(slot, memory_order_acquire);
+    if (!r)
+        r = install((_Atomic(void *) *)slot, sizeof *r, &_al_shadow.regions);
+    return r;
 }
 
 size_t _al_shadow_footprint(void)
 {
-    /* Level 1 is reserved, not committed: count one page of it per 512 regions at most. */
     uint64_t regions = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
-    uint64_t l1_pages = (regions + 511) / 512;
-    size_t l1_resident = l1_pages * 4096;
-    if (l1_resident > l1_bytes)
-        l1_resident = l1_bytes;
-    return regions * sizeof(struct al_shadow_region) + l1_resident;
+    uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
+    /* The directory is touched a page at a time: at most one page per slice. */
+    size_t dir = slices * 4096 < dir_bytes ? slices * 4096 : dir_bytes;
+    return regions * sizeof(struct al_shadow_region) + slices * sizeof(struct al_shadow_slice) + dir;
 }
 
 /* The mark must change: set the seen bit and the large bit as the object wants them. Only the

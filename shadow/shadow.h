@@ -1,8 +1,10 @@
 /* shadow/: the address-space shadow table.
  *
- * Level 1 has one entry per 1 MiB of the user address space (reserved with MAP_NORESERVE, so
- * only the parts in use cost memory); each entry points to a region record created on first
- * use from mmap. A region records, per 8-byte granule (the smallest alignment any allocator
+ * Level 1 has one entry per 1 MiB of the user address space; each entry points to a region
+ * record created on first use from mmap. Level 1 itself comes in 4 GiB slices (4096 entries,
+ * 32 KiB) hung off a small directory, both made on first use: a flat reservation over the
+ * whole address space would cost nothing in memory but a GiB of address space, and programs
+ * run under `ulimit -v` would feel it. A region records, per 8-byte granule (the smallest alignment any allocator
  * hands out), whether an allocation ever returned that address and whether the object that
  * lives there now is large: that gives new/reused detection without any lock and the size
  * class of an object at free time. Page and cache-line levels hang off the same region record.
@@ -24,20 +26,41 @@ struct al_shadow_region {
     _Atomic uint64_t marks[AL_SHADOW_WORDS];
 };
 
+#define AL_SHADOW_SLICE_SHIFT 32
+#define AL_SHADOW_SLICE_ENTRIES (1u << (AL_SHADOW_SLICE_SHIFT - AL_SHADOW_REGION_SHIFT))
+
+struct al_shadow_slice {
+    _Atomic(struct al_shadow_region *) region[AL_SHADOW_SLICE_ENTRIES];
+};
+
 struct al_shadow {
-    _Atomic(struct al_shadow_region *) *l1;
-    uint64_t l1_entries;
+    _Atomic(struct al_shadow_slice *) *dir;
+    uint64_t dir_entries;
+    _Atomic uint64_t slices;      /* level-1 slices created */
     _Atomic uint64_t regions;     /* region records created */
     _Atomic uint64_t untracked;   /* addresses beyond the table (should stay 0) */
 };
 
 extern struct al_shadow _al_shadow;
 
-/* Reserves level 1 for this machine's address-space size (47 or 56 bits); 0 or -errno. */
+/* Maps the directory for this machine's address-space size (47 or 56 bits); 0 or -errno. */
 int _al_shadow_init(void);
-struct al_shadow_region *_al_shadow_region_create(uint64_t index);
+struct al_shadow_region *_al_shadow_region_create(uint64_t address);
 uint64_t _al_shadow_address_bits(void);
 size_t _al_shadow_footprint(void);
+
+/* The region record of address A, or NULL where none was made yet (or A is beyond the table). */
+static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow_region(uint64_t a)
+{
+    uint64_t d = a >> AL_SHADOW_SLICE_SHIFT;
+    if (__builtin_expect(d >= _al_shadow.dir_entries, 0))
+        return NULL;
+    struct al_shadow_slice *s = atomic_load_explicit(&_al_shadow.dir[d], memory_order_acquire);
+    if (__builtin_expect(s == NULL, 0))
+        return NULL;
+    return atomic_load_explicit(&s->region[(a >> AL_SHADOW_REGION_SHIFT) & (AL_SHADOW_SLICE_ENTRIES - 1)],
+                                memory_order_acquire);
+}
 
 #define AL_SHADOW_SEEN 1u
 #define AL_SHADOW_LARGE 2u
@@ -49,14 +72,9 @@ bool _al_shadow_mark_slow(_Atomic uint64_t *w, uint64_t old, uint64_t seen, uint
 static inline __attribute__((always_inline)) bool _al_shadow_mark(const void *p, bool large)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    uint64_t i1 = a >> AL_SHADOW_REGION_SHIFT;
-    if (__builtin_expect(i1 >= _al_shadow.l1_entries, 0)) {
-        atomic_fetch_add_explicit(&_al_shadow.untracked, 1, memory_order_relaxed);
-        return false;
-    }
-    struct al_shadow_region *r = atomic_load_explicit(&_al_shadow.l1[i1], memory_order_acquire);
+    struct al_shadow_region *r = _al_shadow_region(a);
     if (__builtin_expect(r == NULL, 0)) {
-        r = _al_shadow_region_create(i1);
+        r = _al_shadow_region_create(a);
         if (!r)
             return false;
     }
@@ -77,10 +95,7 @@ static inline __attribute__((always_inline)) bool _al_shadow_mark(const void *p,
 static inline __attribute__((always_inline)) bool _al_shadow_is_large(const void *p)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    uint64_t i1 = a >> AL_SHADOW_REGION_SHIFT;
-    if (i1 >= _al_shadow.l1_entries)
-        return false;
-    struct al_shadow_region *r = atomic_load_explicit(&_al_shadow.l1[i1], memory_order_acquire);
+    struct al_shadow_region *r = _al_shadow_region(a);
     if (!r)
         return false;
     uint64_t g = (a & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT;

@@ -58,11 +58,23 @@ def allocators():
     return found
 
 
+_primed = set()
+
+
+def prime(alloc):
+    """Probes ALLOC into the config cache once, so a run's stderr is the program's alone (the
+    first run under an allocator says on stderr that it probes)."""
+    if alloc not in _primed:
+        subprocess.run([cli(), "prerun", "-a", alloc], check=True, capture_output=True)
+        _primed.add(alloc)
+
+
 def run(alloc, cmd, tmpdir, name="report", extra=(), **kw):
     """Runs CMD under `alloclens run -a ALLOC`; returns (CompletedProcess, report dict or None).
 
     The text report goes to a file so the program's own stderr stays comparable.
     """
+    prime(alloc)
     out = os.path.join(tmpdir, f"{name}.json")
     txt = os.path.join(tmpdir, f"{name}.txt")
     argv = [cli(), "run", "-a", alloc, "-o", out, "--text", txt, *extra, "--", *cmd]

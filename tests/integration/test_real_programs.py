@@ -336,6 +336,7 @@ def run_plain(cmd, wd, env):
 
 
 def run_profiled(alloc, cmd, wd, env, repdir, name):
+    altest.prime(alloc)
     for old in glob.glob(os.path.join(repdir, name + ".*")):
         os.remove(old)
     res = Result()

@@ -8,7 +8,7 @@
 
 static void setup(void)
 {
-    if (!_al_shadow.l1)
+    if (!_al_shadow.dir)
         ck_assert_int_eq(_al_shadow_init(), 0);
 }
 
@@ -54,7 +54,7 @@ END_TEST
 START_TEST(beyond_the_table)
 {
     uint64_t before = atomic_load(&_al_shadow.untracked);
-    void *far = (void *)(uintptr_t)(_al_shadow.l1_entries << AL_SHADOW_REGION_SHIFT);
+    void *far = (void *)(uintptr_t)(_al_shadow.dir_entries << AL_SHADOW_SLICE_SHIFT);
     ck_assert(!_al_shadow_mark(far, false));
     ck_assert_uint_eq(atomic_load(&_al_shadow.untracked), before + 1);
     ck_assert(_al_shadow_address_bits() == 47 || _al_shadow_address_bits() == 56);

@@ -1,0 +1,239 @@
+/* host_threads: many threads, short-lived threads, cancelled threads and thread-exit
+ * destructors that allocate, all under the profiler.
+ *
+ * usage: host_threads MODE
+ *   many     3000 short-lived threads one after another, then 5 waves of 64 at once; each
+ *            allocates and frees
+ *   keydtor  threads whose pthread_key destructors allocate and free at thread exit (after the
+ *            thread's own code has ended), over several destructor rounds
+ *   cancel   16 threads allocating in a loop with a cancellation point are cancelled and
+ *            joined; their cleanup handlers free what they hold
+ *   keys     creates pthread keys until none is left and prints how many it got: a profiler
+ *            that takes keys for itself takes them from the program
+ *   smallstack  8 threads with the smallest stack allowed (PTHREAD_STACK_MIN) allocate, then
+ *            one more such thread calls exit(0): what runs at exit runs on that stack
+ *   smallstack-exec LEAF  a thread with the smallest stack execs LEAF (status 4): what runs
+ *            before the exec runs on that stack */
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static atomic_long total;
+
+static void *short_lived(void *arg)
+{
+    long id = (long)arg;
+    long sum = 0;
+    for (int i = 0; i < 20; i++) {
+        size_t size = 16 + (size_t)((id + i) % 37) * 64;
+        char *p = malloc(size);
+        if (!p)
+            exit(90);
+        p[0] = 1;
+        sum += (long)size;
+        free(p);
+    }
+    atomic_fetch_add(&total, sum);
+    return NULL;
+}
+
+static int many(void)
+{
+    for (long i = 0; i < 3000; i++) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, short_lived, (void *)i) != 0) {
+            printf("pthread_create failed at thread %ld\n", i);
+            return 1;
+        }
+        pthread_join(t, NULL);
+    }
+    for (int wave = 0; wave < 5; wave++) {
+        pthread_t t[64];
+        for (long i = 0; i < 64; i++)
+            if (pthread_create(&t[i], NULL, short_lived, (void *)(i + wave)) != 0) {
+                printf("pthread_create failed in wave %d\n", wave);
+                return 1;
+            }
+        for (int i = 0; i < 64; i++)
+            pthread_join(t[i], NULL);
+    }
+    printf("many: 3320 threads, total %ld\n", atomic_load(&total));
+    return 0;
+}
+
+static pthread_key_t key;
+static atomic_int dtor_calls;
+
+static void key_dtor(void *v)
+{
+    /* Runs after the thread function has returned: allocate, free, and set the value again
+     * once, so that a second destructor round runs. */
+    char *s = v;
+    char *copy = malloc(strlen(s) + 100);
+    strcpy(copy, s);
+    strcat(copy, " (seen by the destructor)");
+    free(s);
+    int n = atomic_fetch_add(&dtor_calls, 1);
+    if (strstr(copy, "round 2") == NULL) {
+        char *again = malloc(64);
+        snprintf(again, 64, "round 2 of %d", n);
+        pthread_setspecific(key, again);
+    }
+    free(copy);
+}
+
+static void *with_key(void *arg)
+{
+    char *v = malloc(64);
+    snprintf(v, 64, "thread %ld", (long)arg);
+    pthread_setspecific(key, v);
+    short_lived(arg);
+    return NULL;
+}
+
+static int keydtor(void)
+{
+    pthread_key_create(&key, key_dtor);
+    pthread_t t[32];
+    for (long i = 0; i < 32; i++)
+        pthread_create(&t[i], NULL, with_key, (void *)i);
+    for (int i = 0; i < 32; i++)
+        pthread_join(t[i], NULL);
+    printf("keydtor: 32 threads, %d destructor calls\n", atomic_load(&dtor_calls));
+    return atomic_load(&dtor_calls) == 64 ? 0 : 1;
+}
+
+static atomic_int started;
+
+static void cleanup(void *p)
+{
+    free(*(void **)p);
+    *(void **)p = NULL;
+}
+
+static void *cancellable(void *arg)
+{
+    long id = (long)arg;
+    void *held = NULL;
+    pthread_cleanup_push(cleanup, &held);
+    atomic_fetch_add(&started, 1);
+    for (long i = 0;; i++) {
+        void *p = malloc(32 + (size_t)((i + id) % 50) * 100);
+        free(held);
+        held = p;
+        if (i % 64 == 0)
+            usleep(10); /* a cancellation point */
+    }
+    pthread_cleanup_pop(1);
+    return NULL;
+}
+
+static int cancel(void)
+{
+    pthread_t t[16];
+    for (long i = 0; i < 16; i++)
+        pthread_create(&t[i], NULL, cancellable, (void *)i);
+    while (atomic_load(&started) < 16)
+        usleep(100);
+    usleep(10000);
+    int cancelled = 0;
+    for (int i = 0; i < 16; i++) {
+        pthread_cancel(t[i]);
+        void *r;
+        pthread_join(t[i], &r);
+        cancelled += r == PTHREAD_CANCELED;
+    }
+    printf("cancel: %d of 16 threads cancelled\n", cancelled);
+    return cancelled == 16 ? 0 : 1;
+}
+
+static int keys(void)
+{
+    static pthread_key_t k[4096];
+    int n = 0;
+    while (n < 4096 && pthread_key_create(&k[n], NULL) == 0)
+        n++;
+    printf("keys: the program could create %d pthread keys\n", n);
+    for (int i = 0; i < n; i++)
+        pthread_key_delete(k[i]);
+    return 0;
+}
+
+static void *small_exit(void *arg)
+{
+    short_lived(arg);
+    printf("smallstack: exiting from a thread with a %ld-byte stack\n", (long)PTHREAD_STACK_MIN);
+    fflush(stdout);
+    exit(0);
+}
+
+static int smallstack(void)
+{
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (pthread_attr_setstacksize(&attr, PTHREAD_STACK_MIN) != 0) {
+        printf("smallstack: cannot set the stack size\n");
+        return 1;
+    }
+    pthread_t t[8];
+    for (long i = 0; i < 8; i++)
+        if (pthread_create(&t[i], &attr, short_lived, (void *)i) != 0) {
+            printf("smallstack: pthread_create failed\n");
+            return 1;
+        }
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
+    printf("smallstack: 8 threads allocated, total %ld\n", atomic_load(&total));
+    fflush(stdout);
+    pthread_t e;
+    if (pthread_create(&e, &attr, small_exit, (void *)9) != 0)
+        return 1;
+    pthread_join(e, NULL);
+    return 1; /* not reached: the thread exits the process */
+}
+
+static void *small_exec(void *arg)
+{
+    char *args[] = { arg, "4", "100", "leaf exec'd from a small-stack thread", NULL };
+    execv(arg, args);
+    perror("execv");
+    exit(1);
+}
+
+static int smallstack_exec(char *leaf)
+{
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    if (pthread_attr_setstacksize(&attr, PTHREAD_STACK_MIN) != 0)
+        return 1;
+    printf("smallstack-exec: a %ld-byte stack thread execs the leaf\n", (long)PTHREAD_STACK_MIN);
+    fflush(stdout);
+    pthread_t e;
+    if (pthread_create(&e, &attr, small_exec, leaf) != 0)
+        return 1;
+    pthread_join(e, NULL);
+    return 1; /* not reached */
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "many";
+    if (!strcmp(mode, "many"))
+        return many();
+    if (!strcmp(mode, "keydtor"))
+        return keydtor();
+    if (!strcmp(mode, "cancel"))
+        return cancel();
+    if (!strcmp(mode, "keys"))
+        return keys();
+    if (!strcmp(mode, "smallstack"))
+        return smallstack();
+    if (!strcmp(mode, "smallstack-exec") && argc > 2)
+        return smallstack_exec(argv[2]);
+    fprintf(stderr, "host_threads: unknown mode %s\n", mode);
+    return 2;
+}

@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""Bad input gets one clear line on stderr naming what is wrong; nothing crashes, nothing is
+silently lost.
+
+Direct use (LD_PRELOAD=liballoclens.so): a malformed ALLOCLENS_* variable or an unwritable
+report path costs one line on stderr, and the program's stdout and exit status are those of the
+plain run; the other reports are still written. The CLI refuses a bad option, an unwritable
+report path or an unknown allocator with exit status 2 and one line, before running anything.
+
+usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import altest
+
+SO = LEAF = FORK = NOT_ALLOC = None
+TIMEOUT = 15
+HANGS = 0
+DIRS = []
+CACHE = None
+
+
+def tmpdir():
+    d = altest.tmpdir()
+    DIRS.append(d)
+    return d
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ALLOCLENS_") and k != "LD_PRELOAD"}
+    env["ALLOCLENS_CLI"] = altest.cli()
+    env["XDG_CACHE_HOME"] = CACHE  # the probe cache of this test alone
+    env.update(extra)
+    return env
+
+
+def run(argv, env=None, cwd=None):
+    """The finished process, or None when it hung (after 3 hangs nothing more is run: every
+    later check fails at once rather than the whole test running into meson's timeout)."""
+    global HANGS
+    if HANGS >= 3:
+        return None
+    try:
+        return subprocess.run(argv, env=env if env is not None else clean_env(),
+                              capture_output=True, text=True, timeout=TIMEOUT, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        HANGS += 1
+        return None
+
+
+def lines(text):
+    return [l for l in text.splitlines() if l.strip()]
+
+
+def show(p):
+    if p is None:
+        return f"hung for {TIMEOUT} s"
+    return f"exit status {p.returncode}\nstdout:\n{p.stdout[-1500:]}\nstderr:\n{p.stderr[-1500:]}"
+
+
+def one_line(tap, desc, p, *must, status=None):
+    """p finished with `status` (when given), and stderr is exactly one line holding every
+    string in `must`."""
+    if not tap.ok(p is not None and p.returncode >= 0, f"{desc}: finishes, no crash", show(p)):
+        return False
+    ok = True
+    if status is not None:
+        ok &= tap.ok(p.returncode == status, f"{desc}: exit status {status}", show(p))
+    err = lines(p.stderr)
+    ok &= tap.ok(len(err) == 1, f"{desc}: exactly one line on stderr", show(p))
+    if must:
+        missing = [m for m in must if m not in p.stderr]
+        ok &= tap.ok(not missing, f"{desc}: the line names {', '.join(repr(m) for m in must)}",
+                     f"missing {missing}\n{show(p)}")
+    return ok
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def direct(tmp, prog_args, **env):
+    """Runs a host program plain and with LD_PRELOAD=liballoclens.so plus `env`."""
+    plain = run(prog_args, env=clean_env(), cwd=tmp)
+    prof = run(prog_args, env=clean_env(LD_PRELOAD=SO, **env), cwd=tmp)
+    return plain, prof
+
+
+def same_as_plain(tap, desc, plain, prof):
+    if prof is None or plain is None:
+        tap.ok(False, f"{desc}: finishes", f"plain: {show(plain)}\nalloclens: {show(prof)}")
+        return
+    tap.ok(prof.stdout == plain.stdout, f"{desc}: stdout unchanged",
+           f"plain:\n{plain.stdout}\nalloclens:\n{prof.stdout}")
+    tap.ok(prof.returncode == plain.returncode, f"{desc}: exit status unchanged",
+           f"plain {plain.returncode}, alloclens {prof.returncode}\n{prof.stderr[-1500:]}")
+
+
+def test_bad_variables(tap):
+    """(a) malformed numeric variables: the program runs as it would, one line, and the
+    reports are still written with the default."""
+    for value in ["abc", "-5", "99999999999999999999", "0", "", "12Q", "1T", "0x10"]:
+        tmp = tmpdir()
+        out, txt = os.path.join(tmp, "r.json"), os.path.join(tmp, "r.txt")
+        desc = f"ALLOCLENS_LARGE_THRESHOLD='{value}'"
+        plain, prof = direct(tmp, [LEAF, "3", "200"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT=txt,
+                             ALLOCLENS_LARGE_THRESHOLD=value)
+        same_as_plain(tap, desc, plain, prof)
+        one_line(tap, desc, prof, "ALLOCLENS_LARGE_THRESHOLD", value)
+        r = load(out)
+        tap.ok(r is not None and r.get("allocator", {}).get("large_threshold") == 131072,
+               f"{desc}: JSON report written with the default threshold 131072",
+               f"report: {None if r is None else r.get('allocator')}")
+        tap.ok(os.path.isfile(txt) and os.path.getsize(txt) > 0,
+               f"{desc}: text report written", f"{txt} missing or empty")
+
+    for value, want in [("64k", 65536), ("1M", 1 << 20), ("2G", 2 << 30), ("4096", 4096)]:
+        tmp = tmpdir()
+        out = os.path.join(tmp, "r.json")
+        desc = f"ALLOCLENS_LARGE_THRESHOLD='{value}' (valid)"
+        plain, prof = direct(tmp, [LEAF, "0", "50"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
+                             ALLOCLENS_LARGE_THRESHOLD=value)
+        same_as_plain(tap, desc, plain, prof)
+        tap.ok(prof is not None and prof.stderr == "", f"{desc}: nothing on stderr", show(prof))
+        r = load(out)
+        tap.ok(r is not None and r.get("allocator", {}).get("large_threshold") == want,
+               f"{desc}: report's large_threshold is {want}",
+               f"report: {None if r is None else r.get('allocator')}")
+
+    # A forking program: the children inherit the settings, not a second warning.
+    tmp = tmpdir()
+    desc = "ALLOCLENS_LARGE_THRESHOLD=abc, program forks"
+    plain, prof = direct(tmp, [FORK, "nested"], ALLOCLENS_OUTPUT=os.path.join(tmp, "r.json"),
+                         ALLOCLENS_TEXT="off", ALLOCLENS_LARGE_THRESHOLD="abc")
+    same_as_plain(tap, desc, plain, prof)
+    one_line(tap, desc, prof, "ALLOCLENS_LARGE_THRESHOLD", "abc")
+
+    tmp = tmpdir()
+    desc = "ALLOCLENS_MAIN_PID=xx"
+    plain, prof = direct(tmp, [LEAF, "4", "100"], ALLOCLENS_OUTPUT=os.path.join(tmp, "r.json"),
+                         ALLOCLENS_TEXT="off", ALLOCLENS_MAIN_PID="xx")
+    same_as_plain(tap, desc, plain, prof)
+    one_line(tap, desc, prof, "ALLOCLENS_MAIN_PID", "xx")
+
+    # Inherited by `alloclens run` from the user's environment.
+    tmp = tmpdir()
+    desc = "alloclens run with ALLOCLENS_LARGE_THRESHOLD=abc in the environment"
+    prof = run([altest.cli(), "run", "--text", "off", "-o", os.path.join(tmp, "r.json"), "--",
+                LEAF, "5", "100"], env=clean_env(ALLOCLENS_LARGE_THRESHOLD="abc"))
+    plain = run([LEAF, "5", "100"])
+    same_as_plain(tap, desc, plain, prof)
+    one_line(tap, desc, prof, "ALLOCLENS_LARGE_THRESHOLD", "abc")
+    tap.ok(load(os.path.join(tmp, "r.json")) is not None, f"{desc}: report written")
+
+    # Good settings, nothing to say: stderr stays the program's own.
+    tmp = tmpdir()
+    desc = "ALLOCLENS_TEXT=off, no output"
+    plain, prof = direct(tmp, [LEAF, "0", "100"], ALLOCLENS_TEXT="off")
+    same_as_plain(tap, desc, plain, prof)
+    tap.ok(prof is not None and prof.stderr == "", f"{desc}: nothing on stderr", show(prof))
+
+
+def test_unwritable_paths(tap):
+    """(b) report paths that cannot be written."""
+    tmp = tmpdir()
+    marker = os.path.join(tmp, "ran")
+    touch = ["sh", "-c", f"touch {marker}"]
+    for label, opt in [("-o", "-o"), ("--text", "--text")]:
+        for path in ["/nonexistent/dir/r.json", tmp]:
+            what = "a directory" if path == tmp else "in a missing directory"
+            desc = f"alloclens run {label} {what}"
+            p = run([altest.cli(), "run", opt, path, "--", *touch])
+            one_line(tap, desc, p, path, status=2)
+            tap.ok(not os.path.exists(marker), f"{desc}: the command is not run", show(p))
+
+    for path, what in [("/nonexistent/dir/r.json", "in a missing directory"),
+                       (tmp, "a directory")]:
+        sub = tmpdir()
+        txt = os.path.join(sub, "r.txt")
+        desc = f"direct ALLOCLENS_OUTPUT {what}"
+        plain, prof = direct(sub, [LEAF, "3", "300"], ALLOCLENS_OUTPUT=path, ALLOCLENS_TEXT=txt)
+        same_as_plain(tap, desc, plain, prof)
+        one_line(tap, desc, prof, path)
+        tap.ok(os.path.isfile(txt) and os.path.getsize(txt) > 0,
+               f"{desc}: the text report is still written", f"{txt} missing or empty")
+
+        sub = tmpdir()
+        out = os.path.join(sub, "r.json")
+        desc = f"direct ALLOCLENS_TEXT {what}"
+        plain, prof = direct(sub, [LEAF, "3", "300"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT=path)
+        same_as_plain(tap, desc, plain, prof)
+        one_line(tap, desc, prof, path)
+        tap.ok(load(out) is not None, f"{desc}: the JSON report is still written")
+
+    # A forking program with an unwritable output: each process says so for its own report
+    # (one line per process), and the program is unchanged.
+    sub = tmpdir()
+    desc = "direct ALLOCLENS_OUTPUT unwritable, program forks"
+    plain, prof = direct(sub, [FORK, "basic"], ALLOCLENS_OUTPUT="/nonexistent/dir/r.json",
+                         ALLOCLENS_TEXT="off")
+    same_as_plain(tap, desc, plain, prof)
+    err = lines(prof.stderr) if prof else []
+    tap.ok(len(err) == 2 and all("/nonexistent/dir/r." in l for l in err),
+           f"{desc}: one line for the parent's report and one for the child's", show(prof))
+
+
+def test_allocators(tap):
+    """(c), (d): unknown allocators."""
+    tmp = tmpdir()
+    marker = os.path.join(tmp, "ran")
+    touch = ["sh", "-c", f"touch {marker}"]
+    names = list(altest.allocators())
+    p = run([altest.cli(), "run", "-a", "nosuchalloc", "--", *touch])
+    one_line(tap, "-a nosuchalloc", p, "nosuchalloc", *names, status=2)
+    for path, why in [("/etc/passwd", "not a shared library"),
+                      ("/nonexistent/libfoo.so", "missing file"),
+                      (tmp, "a directory")]:
+        p = run([altest.cli(), "run", "-a", path, "--", *touch])
+        one_line(tap, f"-a {path} ({why})", p, path, status=2)
+    tap.ok(not os.path.exists(marker), "no command run for an unknown allocator")
+
+    # A real shared library that exports no malloc: refused, or run with one line naming it
+    # (the calls then go to whatever malloc the process resolves).
+    desc = "-a a shared library without malloc"
+    p = run([altest.cli(), "run", "-a", NOT_ALLOC, "--text", "off", "--", LEAF, "0", "10"])
+    base = os.path.basename(NOT_ALLOC)
+    if one_line(tap, desc, p, base):
+        tap.ok(p.returncode in (0, 2), f"{desc}: refused (2) or run (0)", show(p))
+
+
+def test_cli_usage(tap):
+    """(e)-(g): bad options, missing commands, usage and help."""
+    tmp = tmpdir()
+    marker = os.path.join(tmp, "ran")
+    touch = ["sh", "-c", f"touch {marker}"]
+    cli = altest.cli()
+    for value in ["xyz", "0", "-1", "12Q", "99999999999999999999"]:
+        p = run([cli, "run", "--large-threshold", value, "--", *touch])
+        one_line(tap, f"run --large-threshold {value}", p, "large-threshold", value, status=2)
+    p = run([cli, "run", "--large-threshold=xyz", "--", *touch])
+    one_line(tap, "run --large-threshold=xyz", p, "large-threshold", "xyz", status=2)
+    p = run([cli, "run", "--bogus", "--", *touch])
+    one_line(tap, "run --bogus", p, "--bogus", status=2)
+    p = run([cli, "run", "-a"])
+    one_line(tap, "run -a (no value)", p, "-a", status=2)
+    p = run([cli, "run", "-o"])
+    one_line(tap, "run -o (no value)", p, "-o", status=2)
+    p = run([cli, "run"])
+    one_line(tap, "run (no command)", p, status=2)
+    p = run([cli, "run", "--"])
+    one_line(tap, "run -- (no command)", p, status=2)
+    tap.ok(not os.path.exists(marker), "no command run after a bad option")
+
+    p = run([cli, "run", "--large-threshold=64k", "--text", "off", "--", LEAF, "0", "10"])
+    tap.ok(p is not None and p.returncode == 0 and p.stderr == "",
+           "run --large-threshold=64k: accepted, runs, nothing on stderr", show(p))
+
+    p = run([cli, "run", "--", "/nonexistent/cmd"])
+    one_line(tap, "run -- /nonexistent/cmd", p, "/nonexistent/cmd", status=127)
+    p = run([cli, "run", "--", "alloclens-no-such-command"])
+    one_line(tap, "run -- a command not on PATH", p, "alloclens-no-such-command", status=127)
+    p = run([cli, "run", "--", "/etc/passwd"])
+    one_line(tap, "run -- /etc/passwd (not executable)", p, "/etc/passwd", status=126)
+
+    p = run([cli])
+    tap.ok(p is not None and p.returncode == 2 and "usage" in (p.stdout + p.stderr).lower(),
+           "alloclens with no arguments: exit 2 and the usage", show(p))
+    tap.ok(p is not None and p.stdout == "", "alloclens with no arguments: usage on stderr",
+           show(p))
+    p = run([cli, "bogus"])
+    one_line(tap, "alloclens bogus", p, "bogus", status=2)
+    for argv in (["--help"], ["help"], ["-h"]):
+        p = run([cli, *argv])
+        tap.ok(p is not None and p.returncode == 0 and "run" in p.stdout
+               and "allocators" in p.stdout and p.stderr == "",
+               f"alloclens {argv[0]}: exit 0, the commands on stdout", show(p))
+    for argv in (["run", "--help"], ["run", "-h"]):
+        p = run([cli, *argv])
+        want = ["-a", "--allocator", "-o", "--output", "--text", "--large-threshold",
+                "ALLOCLENS_TEXT", "ALLOCLENS_LARGE_THRESHOLD", "ALLOCLENS_OUTPUT"]
+        missing = [w for w in want if p is None or w not in p.stdout]
+        tap.ok(p is not None and p.returncode == 0 and not missing and p.stderr == "",
+               f"alloclens {' '.join(argv)}: exit 0, every option and variable listed",
+               f"missing {missing}\n{show(p)}")
+
+
+def test_configs(tap):
+    """A malformed, missing or mismatched allocator config: one line naming the file (and the
+    line, for a malformed one); the program runs as it would."""
+    tmp = tmpdir()
+    cli = altest.cli()
+    good = os.path.join(tmp, "good.conf")
+    p = run([cli, "prerun", "-a", "glibc", "-o", good])
+    if not tap.ok(p is not None and p.returncode == 0 and os.path.isfile(good),
+                  "prerun -a glibc -o FILE writes a config", show(p)):
+        return
+    with open(good) as f:
+        text = f.read()
+    bad = os.path.join(tmp, "bad.conf")
+    with open(bad, "w") as f:
+        f.write(text.splitlines()[0] + "\nthis line is not a key\n")
+    garbage = os.path.join(tmp, "garbage.conf")
+    with open(garbage, "w") as f:
+        f.write("\x00\x01 not a config at all\n")
+    cut = os.path.join(tmp, "cut.conf")
+    with open(cut, "w") as f:
+        f.write(text[:len(text) // 2].rsplit(" ", 1)[0] + " 12x\n")
+    missing = os.path.join(tmp, "missing.conf")
+    plain = run([LEAF, "3", "200"])
+    for path, must, what in [(bad, [bad + ":2"], "malformed line 2"),
+                             (garbage, [garbage + ":1"], "not a config"),
+                             (cut, [cut + ":"], "cut short, bad number"),
+                             (missing, [missing], "missing file")]:
+        desc = f"run --config ({what})"
+        p = run([cli, "run", "--config", path, "--text", "off", "--", LEAF, "3", "200"])
+        same_as_plain(tap, desc, plain, p)
+        one_line(tap, desc, p, *must)
+        sub = tmpdir()
+        out = os.path.join(sub, "r.json")
+        desc = f"direct ALLOCLENS_CONFIG ({what})"
+        plain2, p = direct(sub, [LEAF, "3", "200"], ALLOCLENS_CONFIG=path, ALLOCLENS_TEXT="off",
+                           ALLOCLENS_OUTPUT=out)
+        same_as_plain(tap, desc, plain2, p)
+        one_line(tap, desc, p, *must)
+        tap.ok(load(out) is not None, f"{desc}: the JSON report is still written")
+
+    sub = tmpdir()
+    desc = "direct ALLOCLENS_CONFIG (a good one)"
+    plain2, p = direct(sub, [LEAF, "0", "100"], ALLOCLENS_CONFIG=good, ALLOCLENS_TEXT="off")
+    same_as_plain(tap, desc, plain2, p)
+    tap.ok(p is not None and p.stderr == "", f"{desc}: nothing on stderr", show(p))
+
+    others = [n for n in altest.allocators() if n != "glibc"]
+    if not others:
+        tap.skip("config of another allocator", "only glibc here")
+        return
+    other = os.path.join(tmp, "other.conf")
+    p = run([cli, "prerun", "-a", others[0], "-o", other])
+    if not tap.ok(p is not None and p.returncode == 0, f"prerun -a {others[0]} -o FILE", show(p)):
+        return
+    desc = f"direct ALLOCLENS_CONFIG of {others[0]} in front of glibc"
+    plain2, p = direct(tmpdir(), [LEAF, "3", "200"], ALLOCLENS_CONFIG=other, ALLOCLENS_TEXT="off")
+    same_as_plain(tap, desc, plain2, p)
+    one_line(tap, desc, p, other)
+
+
+def main():
+    global SO, LEAF, FORK, NOT_ALLOC, CACHE
+    SO, LEAF, FORK, NOT_ALLOC = sys.argv[1:5]
+    CACHE = tmpdir()
+    tap = altest.Tap()
+    # The first run under glibc probes it and says so on stderr; do it once here, so that the
+    # one-line checks below see only what the bad input causes.
+    p = run([altest.cli(), "run", "--text", "off", "--", "true"])
+    tap.ok(p is not None and p.returncode == 0, "first run (probe) exits 0", show(p))
+    test_bad_variables(tap)
+    test_unwritable_paths(tap)
+    test_allocators(tap)
+    test_cli_usage(tap)
+    test_configs(tap)
+    if not tap.failed:
+        for d in DIRS:
+            shutil.rmtree(d, ignore_errors=True)
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Never break the host program: each host_* program is run plain and under
+`alloclens run -a NAME`, for every allocator found, and its stdout, stderr and exit status
+(death by signal included) must be identical. "Plain" for a non-glibc allocator means
+LD_PRELOAD of that allocator alone, so the comparison is like for like. glibc is also run
+without the CLI ("direct": LD_PRELOAD=liballoclens.so with ALLOCLENS_OUTPUT/ALLOCLENS_TEXT).
+
+Under alloclens, the main process's JSON report must be there and parse when the program
+exits normally (with program.exit_status equal to the status), the text report must be in its
+file, and processes forked or exec'd must have left their own REPORT.<pid>.json.
+
+usage: test_host_behaviour.py LIBALLOCLENS.so PLUGIN.so HOST_PROGRAM...
+"""
+import concurrent.futures
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import altest
+
+TIMEOUT = 15  # seconds for one run; a hang is a failure, not a stuck test
+MAX_HANGS = 2  # after this many hangs under one allocator, its remaining cases are not run
+WARMUP_BUDGET = 150  # seconds for all the first runs (probes) together
+HANGS = {}     # allocator -> runs that hung
+DIRECT = "glibc direct"  # LD_PRELOAD=liballoclens.so without the CLI, in front of glibc
+SO = None  # path of liballoclens.so
+
+
+def case(label, prog, args=(), main_report=True, child_statuses=(),
+         check=None, default_text=False):
+    """One program run.
+
+    main_report: the main process exits normally, so REPORT.json must hold its report.
+    child_statuses: exit statuses that other processes' reports (REPORT.<pid>.json) must show,
+        one report per entry.
+    check: optional function(tap, desc, main, sides) for checks of its own.
+    default_text: no --text (the human report goes to stderr, as by default), so stderr is not
+        compared. An argument "@data" is a file in the run's own directory, whose content must
+        be the same in both runs.
+    """
+    return dict(label=label, prog=prog, args=list(args), main_report=main_report,
+                child_statuses=list(child_statuses), check=check,
+                default_text=default_text)
+
+
+def check_inplace(tap, desc, main, sides):
+    """host_exec inplace: the pre-exec image wrote a side report; the leaf (same pid, the main
+    process) wrote REPORT.json with status 6."""
+    argv = (main or {}).get("program", {}).get("argv", [])
+    tap.ok(main is not None and any("in-place leaf" in a for a in argv),
+           f"{desc}: REPORT.json is the exec'd leaf's", f"argv {argv}")
+    pre = [r for r in sides if any(a.endswith("host_exec") for a in r["program"].get("argv", []))]
+    tap.ok(len(pre) == 1 and main and pre[0]["program"]["pid"] == main["program"]["pid"],
+           f"{desc}: the image replaced by exec wrote REPORT.<pid>.json first",
+           f"side reports: {[r['program'].get('argv') for r in sides]}")
+
+
+CASES = [
+    case("leaf exit 0", "host_leaf", ["0"]),
+    case("leaf exit 42", "host_leaf", ["42", "5000"]),
+    case("fork basic", "host_fork", ["basic"], child_statuses=[7]),
+    case("fork nested", "host_fork", ["nested"], child_statuses=[4, 3]),
+    case("fork with 4 threads allocating", "host_fork", ["threads"],
+         child_statuses=[k % 8 for k in range(16)]),
+    case("fork child atexit allocates", "host_fork", ["atexit"], child_statuses=[9]),
+    case("fork+execl /bin/echo", "host_exec", ["echo", "@leaf"]),
+    case("fork+execvp echo", "host_exec", ["execvp", "@leaf"]),
+    case("fork+execlp sh", "host_exec", ["execlp", "@leaf"]),
+    case("fork+execle own env", "host_exec", ["execle", "@leaf"]),
+    case("fork+execv host_leaf", "host_exec", ["leaf", "@leaf"], child_statuses=[5]),
+    case("fork+fexecve host_leaf", "host_exec", ["fexecve", "@leaf"], child_statuses=[8]),
+    case("execv in place", "host_exec", ["inplace", "@leaf"], check=check_inplace),
+    case("failed execs then carry on", "host_exec", ["enoent", "@leaf"]),
+    case("SIGALRM+SIGUSR1 handlers", "host_signals", ["handlers"]),
+    case("raise SIGTERM", "host_signals", ["term"], main_report=False),
+    case("SIGTERM with threads allocating", "host_signals", ["term-threads"], main_report=False),
+    case("abort", "host_signals", ["abort"], main_report=False),
+    case("_exit from a signal handler", "host_signals", ["exit-handler"], main_report=False),
+    case("blocked signal, sigsuspend", "host_signals", ["mask"]),
+    case("dlopen/dlclose plugin", "host_dlopen", ["@plugin"]),
+    case("exit(3) with 4 detached threads allocating", "host_exit_threads", ["exit"]),
+    case("return 4 from main with threads allocating", "host_exit_threads", ["return"]),
+    case("_exit(5) with threads allocating", "host_exit_threads", ["_exit"], main_report=False),
+    case("exit(6) from a thread while others allocate", "host_exit_threads", ["thread"]),
+    case("pthread_exit from main", "host_pthread_exit"),
+    case("3320 short-lived threads", "host_threads", ["many"]),
+    case("pthread_key destructors allocate at thread exit", "host_threads", ["keydtor"]),
+    case("pthread_cancel threads that allocate", "host_threads", ["cancel"]),
+    case("as many pthread keys as plain", "host_threads", ["keys"]),
+    case("threads with the smallest stack; exit from one", "host_threads", ["smallstack"]),
+    case("exec from a thread with the smallest stack", "host_threads",
+         ["smallstack-exec", "@leaf"]),
+    case("vfork+execve", "host_vfork"),
+    case("posix_spawn, system, popen", "host_spawn"),
+    case("errno and edge cases", "host_errno"),
+    case("stderr closed, fd 2 reused for a data file", "host_fds", ["data", "@data"],
+         default_text=True),
+    case("no descriptors of alloclens left open in the program", "host_fds", ["count"]),
+    case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
+]
+
+
+def clean_env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ALLOCLENS_") and k != "LD_PRELOAD"}
+    env["ALLOCLENS_CLI"] = altest.cli()
+    # Both runs see the same environment; tcmalloc's large-allocation warnings print stack
+    # addresses that differ from run to run (ASLR), so they are turned off for both.
+    env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] = str(1 << 62)
+    return env
+
+
+def run_plain(alloc, path, argv, tmp):
+    env = clean_env()
+    if alloc not in ("glibc", DIRECT):
+        env["LD_PRELOAD"] = path
+    return subprocess.run(argv, env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
+
+
+def run_profiled(alloc, argv, tmp, default_text):
+    env = clean_env()
+    out = os.path.join(tmp, "r.json")
+    txt = os.path.join(tmp, "r.txt")
+    if alloc == DIRECT:
+        env.update(LD_PRELOAD=SO, ALLOCLENS_OUTPUT=out)
+        if not default_text:
+            env["ALLOCLENS_TEXT"] = txt
+        return subprocess.run(argv, env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
+    text = [] if default_text else ["--text", txt]
+    return subprocess.run([altest.cli(), "run", "-a", alloc, "-o", out, *text, "--", *argv],
+                          env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
+
+
+def one(alloc, path, c, progs, plugin):
+    """Runs one case both ways, each in a directory of its own; returns (plain, profiled,
+    plain's directory, profiled's directory); a run that hangs is the string 'timeout'."""
+    def argv(tmp):
+        subst = {"@leaf": progs["host_leaf"], "@plugin": plugin,
+                 "@data": os.path.join(tmp, "data.out")}
+        return [progs[c["prog"]]] + [subst.get(a, a) for a in c["args"]]
+    if HANGS.get(alloc, 0) >= MAX_HANGS:
+        return "skipped", "skipped", None, None
+    ptmp, tmp = altest.tmpdir(), altest.tmpdir()
+    t0 = time.monotonic()
+    try:
+        plain = run_plain(alloc, path, argv(ptmp), ptmp)
+    except subprocess.TimeoutExpired:
+        plain = "timeout"
+    t1 = time.monotonic()
+    try:
+        prof = run_profiled(alloc, argv(tmp), tmp, c["default_text"])
+    except subprocess.TimeoutExpired:
+        prof = "timeout"
+        HANGS[alloc] = HANGS.get(alloc, 0) + 1
+    c.setdefault("times", {})[alloc] = (t1 - t0, time.monotonic() - t1)
+    return plain, prof, ptmp, tmp
+
+
+def read_bytes(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        return f"<{e}>".encode()
+
+
+def status_text(rc):
+    if rc < 0:
+        try:
+            return f"{rc} (killed by {signal.Signals(-rc).name})"
+        except ValueError:
+            return f"{rc} (killed by signal {-rc})"
+    return str(rc)
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, f"{path}: {e}"
+
+
+def check(tap, alloc, c, plain, prof, ptmp, tmp):
+    desc = f"{alloc}: {c['label']}"
+    if plain == "skipped":
+        tap.ok(False, f"{desc}: not run", f"{MAX_HANGS} earlier runs under {alloc} hung")
+        return
+    if plain == "timeout":
+        tap.ok(False, f"{desc}: plain run finishes", f"plain run took over {TIMEOUT} s")
+        return
+    if not tap.ok(prof != "timeout", f"{desc}: finishes under alloclens",
+                  f"hung for {TIMEOUT} s (plain run: status {status_text(plain.returncode)})"):
+        return
+    tap.ok(prof.returncode == plain.returncode, f"{desc}: exit status",
+           f"plain {status_text(plain.returncode)}, alloclens {status_text(prof.returncode)}\n"
+           f"alloclens stderr:\n{prof.stderr.decode(errors='replace')[-2000:]}")
+    tap.ok(prof.stdout == plain.stdout, f"{desc}: stdout",
+           f"plain:\n{plain.stdout.decode(errors='replace')}\n"
+           f"alloclens:\n{prof.stdout.decode(errors='replace')}")
+    if not c["default_text"]:
+        tap.ok(prof.stderr == plain.stderr, f"{desc}: stderr",
+               f"plain:\n{plain.stderr.decode(errors='replace')[-2000:]}\n"
+               f"alloclens:\n{prof.stderr.decode(errors='replace')[-2000:]}")
+    if "@data" in c["args"]:
+        want = read_bytes(os.path.join(ptmp, "data.out"))
+        got = read_bytes(os.path.join(tmp, "data.out"))
+        same = len(os.path.commonprefix([want, got]))
+        tap.ok(got == want, f"{desc}: the program's data file",
+               f"plain {len(want)} bytes, alloclens {len(got)} bytes, the same for the first "
+               f"{same}; from there, plain:\n{want[same:same + 300].decode(errors='replace')}\n"
+               f"alloclens:\n{got[same:same + 600].decode(errors='replace')}")
+
+    out = os.path.join(tmp, "r.json")
+    main = None
+    if c["main_report"]:
+        main, err = load(out)
+        if tap.ok(main is not None, f"{desc}: main report written and parseable", err):
+            got = main.get("program", {}).get("exit_status")
+            tap.ok(got == prof.returncode, f"{desc}: report's program.exit_status",
+                   f"report says {got!r}, the process exited {prof.returncode}")
+    elif os.path.exists(out):
+        main, err = load(out)
+        tap.ok(main is not None, f"{desc}: no main report expected; the file there parses", err)
+    if c["main_report"] and not c["default_text"]:
+        txt = os.path.join(tmp, "r.txt")
+        tap.ok(os.path.isfile(txt) and os.path.getsize(txt) > 0, f"{desc}: text report written",
+               f"{txt} missing or empty")
+
+    sides, bad = [], []
+    for p in sorted(glob.glob(os.path.join(tmp, "r.*.json"))):
+        r, err = load(p)
+        if r is None:
+            bad.append(err)
+        else:
+            sides.append(r)
+    tap.ok(not bad, f"{desc}: every side report parses", "\n".join(bad))
+    main_pid = main.get("program", {}).get("pid") if main else None
+    if c["child_statuses"]:
+        got = sorted(r["program"].get("exit_status") for r in sides
+                     if r.get("program", {}).get("pid") != main_pid)
+        want = sorted(c["child_statuses"])
+        missing = list(want)
+        for s in got:
+            if s in missing:
+                missing.remove(s)
+        tap.ok(not missing, f"{desc}: a report for each child (r.<pid>.json)",
+               f"want exit statuses {want}, side reports show {got}\n"
+               f"files: {sorted(os.listdir(tmp))}")
+    if c["check"]:
+        c["check"](tap, desc, main, sides)
+
+
+def main():
+    global SO
+    SO, plugin = sys.argv[1], sys.argv[2]
+    progs = {os.path.basename(p): p for p in sys.argv[3:]}
+    tap = altest.Tap()
+    allocs = altest.allocators()
+    if "glibc" in allocs:
+        allocs[DIRECT] = allocs["glibc"]
+    tap.diag(f"allocators: {', '.join(f'{n} ({p})' for n, p in allocs.items())}")
+    missing = [c["prog"] for c in CASES if c["prog"] not in progs]
+    if missing:
+        tap.ok(False, "host programs given on the command line", f"missing: {missing}")
+        tap.done()
+    # The first run under an allocator probes it (and says so on stderr) unless the user's
+    # cache already holds its config; make sure of that here, so that the runs compared below
+    # are the ordinary ones. (The cache is the ordinary one, so the probe is paid once.)
+    deadline = time.monotonic() + WARMUP_BUDGET
+    for a in allocs:
+        if a == DIRECT:
+            continue
+        left = deadline - time.monotonic()
+        if left < 1:
+            tap.ok(False, f"{a}: first run (probe) exits 0",
+                   f"not run: earlier first runs took the whole {WARMUP_BUDGET} s")
+            HANGS[a] = MAX_HANGS
+            continue
+        try:
+            p = subprocess.run([altest.cli(), "run", "-a", a, "--text", "off", "--", "true"],
+                               env=clean_env(), capture_output=True, timeout=left)
+            tap.ok(p.returncode == 0, f"{a}: first run (probe) exits 0",
+                   f"exit status {p.returncode}\n{p.stderr.decode(errors='replace')}")
+        except subprocess.TimeoutExpired:
+            tap.ok(False, f"{a}: first run (probe) exits 0", f"hung for {left:.0f} s")
+            HANGS[a] = MAX_HANGS
+    jobs = [(a, p, c) for a, p in allocs.items() for c in CASES]
+    workers = max(2, min(8, os.cpu_count() or 2))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(one, a, p, c, progs, plugin) for a, p, c in jobs]
+        for (a, p, c), f in zip(jobs, futures):
+            plain, prof, ptmp, tmp = f.result()
+            failed_before = tap.failed
+            check(tap, a, c, plain, prof, ptmp, tmp)
+            if tmp is None:
+                continue
+            shutil.rmtree(ptmp, ignore_errors=True)
+            if tap.failed == failed_before:
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tap.diag(f"reports kept in {tmp}")
+    slow = sorted(((t[1], t[0], a, c["label"]) for c in CASES
+                   for a, t in c.get("times", {}).items()),
+                  reverse=True)[:5]
+    tap.diag("slowest runs (alloclens s / plain s):\n" + "\n".join(
+        f"  {p:6.2f} / {q:6.2f}  {a}: {l}" for p, q, a, l in slow))
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
