@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -59,6 +61,49 @@ static bool is_shared_object(const char *path)
     return ok;
 }
 
+/* Whether the library's dynamic symbol table defines malloc: read from the file, without
+ * loading the library (its constructors have no business running in this command). */
+static bool defines_malloc(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(Elf64_Ehdr)) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    const unsigned char *f = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f == MAP_FAILED)
+        return false;
+    size_t size = (size_t)st.st_size;
+    bool found = false;
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)f;
+    if (eh->e_shoff && eh->e_shoff + (uint64_t)eh->e_shnum * sizeof(Elf64_Shdr) <= size) {
+        const Elf64_Shdr *sh = (const Elf64_Shdr *)(f + eh->e_shoff);
+        for (unsigned i = 0; i < eh->e_shnum && !found; i++) {
+            if (sh[i].sh_type != SHT_DYNSYM || sh[i].sh_link >= eh->e_shnum)
+                continue;
+            const Elf64_Shdr *str = &sh[sh[i].sh_link];
+            if (sh[i].sh_offset + sh[i].sh_size > size || str->sh_offset + str->sh_size > size)
+                break;
+            const Elf64_Sym *sym = (const Elf64_Sym *)(f + sh[i].sh_offset);
+            size_t n = sh[i].sh_size / sizeof *sym;
+            for (size_t k = 0; k < n; k++) {
+                if (sym[k].st_shndx == SHN_UNDEF || sym[k].st_name >= str->sh_size)
+                    continue;
+                const char *name = (const char *)f + str->sh_offset + sym[k].st_name;
+                if (strncmp(name, "malloc", str->sh_size - sym[k].st_name) == 0) {
+                    found = true;
+                    break;
+                }
+            }
+        }
+    }
+    munmap((void *)f, size);
+    return found;
+}
+
 static bool lookup(int i, struct al_found_allocator *a)
 {
     a->name = known[i].name;
@@ -99,6 +144,10 @@ int _al_cli_resolve_allocator(const char *arg, struct al_found_allocator *ret)
         }
         if (!is_shared_object(ret->path)) {
             fprintf(stderr, "alloclens: '%s' is not a 64-bit ELF shared library\n", arg);
+            return -1;
+        }
+        if (!defines_malloc(ret->path)) {
+            fprintf(stderr, "alloclens: '%s' defines no malloc: it is not an allocator\n", arg);
             return -1;
         }
         const char *base = strrchr(ret->path, '/');

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "profiler.h"
@@ -115,10 +116,17 @@ static void write_file(const struct al_buf *b, int fd, const char *path)
         close(fd);
 }
 
-void _al_report_write(enum al_report_kind kind, bool has_status, int status)
+struct write_args {
+    enum al_report_kind kind;
+    bool has_status;
+    int status;
+};
+
+static void write_report(struct write_args *w)
 {
-    if (atomic_exchange(&written, 1))
-        return;
+    enum al_report_kind kind = w->kind;
+    bool has_status = w->has_status;
+    int status = w->status;
     struct al_thread *t = _al_tls;
     int was_busy = t ? t->busy : 0;
     if (t)
@@ -173,6 +181,37 @@ out:
         _al_mem_unmap(r, sizeof *r);
     if (t)
         t->busy = was_busy;
+}
+
+/* The report is gathered and formatted on a stack of its own: exit() or exec may come from a
+ * thread whose stack is as small as PTHREAD_STACK_MIN. */
+#define REPORT_STACK (256u << 10)
+
+static struct write_args pending;
+static ucontext_t caller_ctx, report_ctx;
+
+static void report_on_own_stack(void)
+{
+    write_report(&pending);
+}
+
+void _al_report_write(enum al_report_kind kind, bool has_status, int status)
+{
+    if (atomic_exchange(&written, 1))
+        return;
+    pending = (struct write_args){ kind, has_status, status };
+    void *stack = _al_mem_map(REPORT_STACK);
+    if (!stack || getcontext(&report_ctx) < 0) {
+        write_report(&pending); /* no memory for a stack: try on the caller's */
+        return;
+    }
+    report_ctx.uc_stack.ss_sp = stack;
+    report_ctx.uc_stack.ss_size = REPORT_STACK;
+    report_ctx.uc_link = &caller_ctx;
+    makecontext(&report_ctx, report_on_own_stack, 0);
+    if (swapcontext(&caller_ctx, &report_ctx) < 0)
+        write_report(&pending);
+    _al_mem_unmap(stack, REPORT_STACK);
 }
 
 void _al_report_forget_exec(void)
