@@ -1,0 +1,46 @@
+/* profiler/pprof.c: writing a heap profile in pprof's profile.proto format, gzipped, as Go's
+ * heap profiles are (sample types alloc_objects/count, alloc_space/bytes, inuse_objects/count,
+ * inuse_space/bytes), so `go tool pprof` reads it. Nothing here allocates from the allocator
+ * being measured: buffers come from mmap, and zlib gets mmap-backed allocation functions. */
+#ifndef ALLOCLENS_PPROF_H
+#define ALLOCLENS_PPROF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct al_pprof_mapping {
+    uint64_t start, limit, offset;
+    const char *file;
+    const char *build_id;      /* hex, or NULL */
+};
+
+struct al_pprof_frame {
+    uint64_t address;
+    const char *function;      /* NULL when unknown */
+    const char *file;          /* NULL when unknown */
+    int64_t line;              /* 0 when unknown */
+    uint32_t mapping;          /* 1-based index into mappings; 0 when unknown */
+};
+
+struct al_pprof_sample {
+    uint32_t nframes;
+    const struct al_pprof_frame *frames; /* leaf first */
+    int64_t alloc_objects, alloc_space, inuse_objects, inuse_space;
+};
+
+struct al_pprof_profile {
+    const struct al_pprof_mapping *mappings;
+    uint32_t nmappings;
+    const struct al_pprof_sample *samples;
+    uint32_t nsamples;
+    int64_t period;            /* the sampling rate in bytes */
+    int64_t time_nanos, duration_nanos;
+};
+
+/* Writes P gzipped to PATH; 0, or a negative errno with a one-line reason in ERR. */
+int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *err, size_t errcap);
+
+/* The GNU build id of an ELF file, as hex; 0 or a negative errno. */
+int _al_build_id(const char *file, char *hex, size_t cap);
+
+#endif
