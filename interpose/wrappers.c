@@ -8,10 +8,15 @@
 
 #include "interpose.h"
 
-#define TIMED_ALLOC(op, sym, params, args, size)                                       \
-    static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
+#define TIMED_ALLOC(op, name, sym, params, args, size)                                 \
+    static inline __attribute__((always_inline)) void *timed_##name(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
     {                                                                                  \
+        if (AL_UNLIKELY(!_al_full)) {                                                  \
+            void *r = _al_real.sym args;                                               \
+            _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
+            return r;                                                                  \
+        }                                                                              \
         uint64_t c0 = _al_tsc();                                                       \
         void *r = _al_real.sym args;                                                   \
         uint64_t c1 = _al_tsc();                                                       \
@@ -20,7 +25,7 @@
     }
 
 #define WRAP_ALLOC(op, sym, params, args, size)                                        \
-    TIMED_ALLOC(op, sym, params, args, size)                                           \
+    TIMED_ALLOC(op, sym, sym, params, args, size)                                      \
     static AL_NOINLINE void *slow_##sym params                                         \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
@@ -39,8 +44,17 @@
         return timed_##sym(t, AL_STRIP(args));                                         \
     }
 
+/* A sampled object given to realloc is forgotten first: once the allocator has the address
+ * back another thread may get it, and sample it. */
 #define WRAP_REALLOC(op, sym, params, args, size)                                      \
-    TIMED_ALLOC(op, sym, params, args, size)                                           \
+    TIMED_ALLOC(op, re_##sym, sym, params, args, size)                                 \
+    static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
+                                                                   AL_STRIP(params))   \
+    {                                                                                  \
+        if (AL_UNLIKELY(p && (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))               \
+            _al_sample_free(p);                                                        \
+        return timed_re_##sym(t, AL_STRIP(args));                                      \
+    }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
     {                                                                                  \
         if (_al_bootstrap_owns(p))                                                     \
@@ -68,7 +82,15 @@
     static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
                                                                   AL_STRIP(params))    \
     {                                                                                  \
-        unsigned large = p ? _al_shadow_is_large(p) : 0;                               \
+        unsigned flags = p ? _al_shadow_flags(p) : 0;                                  \
+        if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                    \
+            _al_sample_free(p);                                                        \
+        if (AL_UNLIKELY(!_al_full)) {                                                  \
+            _al_real.sym args;                                                         \
+            _al_count_free(t, AL_OP_##op);                                             \
+            return;                                                                    \
+        }                                                                              \
+        unsigned large = (flags & AL_SHADOW_LARGE) != 0;                               \
         uint64_t c0 = _al_tsc();                                                       \
         _al_real.sym args;                                                             \
         uint64_t c1 = _al_tsc();                                                       \
@@ -102,7 +124,10 @@
         uint64_t c0 = _al_tsc();                                                       \
         int rc = _al_real.sym args;                                                    \
         uint64_t c1 = _al_tsc();                                                       \
-        _al_record_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL, c1 - c0);       \
+        if (AL_UNLIKELY(!_al_full))                                                    \
+            _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);             \
+        else                                                                           \
+            _al_record_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL, c1 - c0);   \
         return rc;                                                                     \
     }                                                                                  \
     static AL_NOINLINE int slow_##sym params                                           \

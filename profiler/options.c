@@ -21,6 +21,15 @@ const struct al_option _al_options[AL_OPT_N] = {
     [AL_OPT_CONFIG] = { "config", "ALLOCLENS_CONFIG", AL_OPT_STRING, "", 0, 0,
         "allocator description (style, size classes, large threshold) from 'alloclens prerun'; "
         "'alloclens run' uses its cached probe result when none is given" },
+    [AL_OPT_MODE] = { "mode", "ALLOCLENS_MODE", AL_OPT_STRING, "full", 0, 0,
+        "'full': time every call, track every address; 'sample': op counts and the allocation-site "
+        "sampler only, for always-on use" },
+    [AL_OPT_SAMPLE_RATE] = { "sample-rate", "ALLOCLENS_SAMPLE_RATE", AL_OPT_SIZE, "524288", 0, 1ll << 40,
+        "mean bytes allocated between two sampled allocations (Poisson byte sampling; 0: off)" },
+    [AL_OPT_SEED] = { "seed", "ALLOCLENS_SEED", AL_OPT_INT, "0", 0, 1ll << 62,
+        "seed of the sampler's random draws, for reproducible runs (0: a fresh seed each run)" },
+    [AL_OPT_PPROF] = { "pprof", "ALLOCLENS_PPROF", AL_OPT_STRING, "", 0, 0,
+        "also write the sampled sites as a gzipped pprof heap profile (go tool pprof reads it)" },
     [AL_OPT_ALLOCATOR] = { "allocator", "ALLOCLENS_ALLOCATOR", AL_OPT_STRING, "", 0, 0,
         "path of the allocator library asked for; the report warns when another one serves "
         "the calls (set by 'alloclens run -a')", true },
@@ -120,5 +129,13 @@ void _al_settings_load(struct al_settings *s)
     s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD, &s->large_threshold_set);
     s->config = str_setting(AL_OPT_CONFIG, s->config_buf, sizeof s->config_buf);
     s->allocator = str_setting(AL_OPT_ALLOCATOR, s->allocator_buf, sizeof s->allocator_buf);
+    s->pprof = str_setting(AL_OPT_PPROF, s->pprof_buf, sizeof s->pprof_buf);
+    s->sample_rate = (uint64_t)num_setting(AL_OPT_SAMPLE_RATE, &given);
+    s->seed = (uint64_t)num_setting(AL_OPT_SEED, &given);
+    const char *mode = getenv(_al_options[AL_OPT_MODE].env);
+    s->sample_mode = mode && strcmp(mode, "sample") == 0;
+    if (mode && !s->sample_mode && strcmp(mode, "full") != 0)
+        _al_log("%s='%s' is neither 'full' nor 'sample'; using the default full",
+                _al_options[AL_OPT_MODE].env, mode);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
 }

@@ -62,18 +62,21 @@ static void on_exit_report(int status, void *arg)
 
 static void atfork_prepare(void)
 {
+    _al_sampler_atfork_prepare();
     _al_threads_atfork_prepare();
 }
 
 static void atfork_parent(void)
 {
     _al_threads_atfork_parent();
+    _al_sampler_atfork_parent();
 }
 
 static void atfork_child(void)
 {
     image_pid = getpid();
     _al_threads_after_fork_child();
+    _al_sampler_atfork_child();
     _al_report_restart(false);
 }
 
@@ -90,6 +93,10 @@ void _al_process_start(void)
         t->busy = 1; /* what follows may allocate: forwarded, not counted */
     _al_settings_load(&_al_settings);
     _al_large_threshold = _al_settings.large_threshold;
+    _al_full = !_al_settings.sample_mode;
+    _al_sampler_init(&_al_settings);
+    if (t)
+        _al_sampler_thread_init(t);
     if (_al_settings.main_pid == 0) {
         /* Used without the CLI: this process is the main one; its children will know. */
         char pid[24];

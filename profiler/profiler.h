@@ -15,6 +15,9 @@
 #include "alloc_config.h"
 #include "shadow.h"
 
+struct al_thread;
+struct al_settings;
+
 #define AL_LIKELY(x) __builtin_expect(!!(x), 1)
 #define AL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define AL_NOINLINE __attribute__((noinline))
@@ -151,6 +154,10 @@ enum al_opt_id {
     AL_OPT_TEXT,
     AL_OPT_LARGE_THRESHOLD,
     AL_OPT_CONFIG,
+    AL_OPT_MODE,
+    AL_OPT_SAMPLE_RATE,
+    AL_OPT_SEED,
+    AL_OPT_PPROF,
     AL_OPT_ALLOCATOR,
     AL_OPT_MAIN_PID,
     AL_OPT_N
@@ -168,9 +175,13 @@ struct al_settings {
     uint64_t large_threshold;
     bool large_threshold_set; /* given explicitly: wins over the allocator's config */
     const char *config;     /* allocator description file, or NULL */
+    bool sample_mode;       /* --mode sample: op counts and the site sampler only */
+    uint64_t sample_rate;   /* mean bytes between sampled allocations; 0: no sampling */
+    uint64_t seed;          /* 0: a fresh seed each run */
+    const char *pprof;      /* pprof heap profile path, or NULL */
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
-    char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096];
+    char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096], pprof_buf[4096];
 };
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the
@@ -188,6 +199,8 @@ struct al_row {
 struct al_thread {
     int busy;        /* inside an interposed call: nested calls are forwarded, not counted */
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
+    int64_t sample_countdown; /* bytes until the next sampled allocation */
+    uint64_t rng;             /* this thread's generator for the countdowns */
     struct al_thread *next;
     struct al_row rows[AL_ROWS];
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
@@ -251,6 +264,21 @@ AL_INLINE unsigned _al_phase_now(void)
     return atomic_load_explicit(&_al_live_threads, memory_order_relaxed) > 1;
 }
 
+/* --mode full (the default) times every call and tracks every address; --mode sample only
+ * counts calls and samples allocation sites. */
+extern bool _al_full;
+
+void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
+void _al_sample_free(const void *p);
+
+/* The sampler's hot path: one subtraction, one branch (sampler.c has the rest). */
+AL_INLINE void _al_sample_countdown(struct al_thread *t, size_t size, void *p)
+{
+    t->sample_countdown -= (int64_t)size + 1;
+    if (AL_UNLIKELY(t->sample_countdown < 0))
+        _al_sample_alloc(t, size, p);
+}
+
 /* A call that returned address p (NULL: failed) for a request of size bytes. */
 AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, void *p, uint64_t cycles)
 {
@@ -259,6 +287,7 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, v
     if (AL_LIKELY(p != NULL))
         reuse = _al_shadow_mark(p, large) ? AL_REUSE_REUSED : AL_REUSE_NEW;
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
+    _al_sample_countdown(t, size, p);
     t->busy = 0;
 }
 
@@ -266,6 +295,22 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, v
 AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large, uint64_t cycles)
 {
     _al_record_row(t, _al_row_index(op, large, AL_REUSE_NA, _al_phase_now()), cycles);
+    t->busy = 0;
+}
+
+/* --mode sample: a count per row (no timing, no address tracking: reuse is n/a, and a free's
+ * size class is not known), and the sampler. */
+AL_INLINE void _al_count_alloc(struct al_thread *t, unsigned op, size_t size, void *p)
+{
+    unsigned row = _al_row_index(op, size >= _al_large_threshold, AL_REUSE_NA, _al_phase_now());
+    AL_BUMP(t->rows[row].count, 1);
+    _al_sample_countdown(t, size, p);
+    t->busy = 0;
+}
+
+AL_INLINE void _al_count_free(struct al_thread *t, unsigned op)
+{
+    AL_BUMP(t->rows[_al_row_index(op, 0, AL_REUSE_NA, _al_phase_now())].count, 1);
     t->busy = 0;
 }
 
@@ -330,6 +375,7 @@ struct al_report {
     unsigned first_row;
     uint64_t first_cycles;
     size_t profiler_bytes;
+    bool main_image;       /* the run's main process at its exit (not a child, not before exec) */
 };
 
 void _al_report_json(struct al_buf *b, const struct al_report *r);
@@ -340,5 +386,7 @@ enum al_report_kind { AL_REPORT_EXIT, AL_REPORT_EXEC };
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 void _al_report_forget_exec(void);
 void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
+
+#include "sampler.h"
 
 #endif

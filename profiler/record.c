@@ -4,6 +4,7 @@
 #include "profiler.h"
 
 uint64_t _al_large_threshold = 131072;
+bool _al_full = true;
 uint64_t _al_tsc_overhead;
 struct al_first_call _al_first;
 

@@ -141,6 +141,7 @@ static void write_report(struct write_args *w)
     r->hist = hist;
     gather(r, has_status, status);
     bool main_image = kind == AL_REPORT_EXIT && r->pid == _al_settings.main_pid;
+    r->main_image = main_image;
 
     if (_al_settings.output && (main_image || total_calls(r) > 0)) {
         struct al_buf b = { 0 };
@@ -158,6 +159,8 @@ static void write_report(struct write_args *w)
             snprintf(exec_report_path, sizeof exec_report_path, "%s", path);
         _al_buf_free(&b);
     }
+    if (main_image && _al_settings.pprof)
+        _al_report_pprof(_al_settings.pprof, r->runtime_ns);
     if (main_image && _al_settings.text) {
         struct al_buf b = { 0 };
         _al_report_text(&b, r);

@@ -103,7 +103,9 @@ static void ops(struct al_buf *b, const struct al_report *r)
             "\"count\": %llu, \"timed\": %llu, \"cycles_total\": %llu, \"cycles_mean\": %.1f, "
             "\"cycles_p50\": %llu, \"cycles_p99\": %llu, \"cycles_p999\": %llu, "
             "\"ns_mean\": %.1f, \"ns_p50\": %.1f, \"ns_p99\": %.1f, \"ns_p999\": %.1f }",
-            first ? "" : ",", _al_op_name(op), large ? "large" : "small", _al_reuse_name(reuse),
+            first ? "" : ",", _al_op_name(op),
+            !_al_full && (op == AL_OP_FREE || op == AL_OP_DELETE) ? "unknown" : large ? "large" : "small",
+            _al_reuse_name(reuse),
             _al_phase_name(phase), (unsigned long long)row->count, (unsigned long long)row->timed,
             (unsigned long long)row->cycles, mean, (unsigned long long)p50,
             (unsigned long long)p99, (unsigned long long)p999, to_ns(r, mean),
@@ -116,6 +118,7 @@ static void ops(struct al_buf *b, const struct al_report *r)
 void _al_report_json(struct al_buf *b, const struct al_report *r)
 {
     _al_buf_puts(b, "{\n  \"schema\": \"alloclens-report/1\",\n");
+    _al_buf_printf(b, "  \"mode\": \"%s\",\n", _al_full ? "full" : "sample");
     program(b, r);
     allocator(b, r);
     _al_buf_printf(b, "  \"threads\": { \"total\": %llu, \"max_live\": %llu, \"serial_ns\": %.0f, "
@@ -145,6 +148,6 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
                     "\"syscall accounting is not in this build yet\" },\n");
     unavailable(b, "locks", "lock accounting is not in this build yet", false);
     unavailable(b, "friendliness", "access sampling is not in this build yet", false);
-    unavailable(b, "sites", "allocation-site sampling is not in this build yet", true);
+    _al_report_sites_json(b, r->cycles_per_ns, r->main_image);
     _al_buf_puts(b, "}\n");
 }

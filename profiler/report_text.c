@@ -90,7 +90,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     _al_buf_puts(b, "\ncounters     unavailable: event counting is not in this build yet\n"
                     "memory       unavailable: memory waste accounting is not in this build yet\n"
                     "syscalls     unavailable: syscall accounting is not in this build yet\n"
-                    "locks        unavailable: lock accounting is not in this build yet\n"
-                    "sites        unavailable: allocation-site sampling is not in this build yet\n");
+                    "locks        unavailable: lock accounting is not in this build yet\n");
+    _al_report_sites_text(b, r->cycles_per_ns);
     _al_buf_printf(b, "profiler     %.1f MiB mapped for its own state\n\n", (double)r->profiler_bytes / 1048576.0);
 }

@@ -156,6 +156,7 @@ struct al_thread *_al_thread_attach(void)
             return NULL;
     }
     t->busy = 1;
+    _al_sampler_thread_init(t);
     _al_tls = t;
     lock();
     t->next = reg.live;

@@ -91,3 +91,19 @@ bool _al_shadow_mark_slow(_Atomic uint64_t *w, uint64_t old, uint64_t seen, uint
         atomic_fetch_and_explicit(w, ~big, memory_order_relaxed);
     return (old & seen) != 0;
 }
+
+void _al_shadow_set_sampled(const void *p, bool sampled)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region(a);
+    if (!r && sampled)
+        r = _al_shadow_region_create(a);
+    if (!r)
+        return;
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    uint64_t bit = (uint64_t)AL_SHADOW_SAMPLED << ((g % AL_SHADOW_PER_WORD) * AL_SHADOW_BITS);
+    if (sampled)
+        atomic_fetch_or_explicit(&r->marks[g / AL_SHADOW_PER_WORD], bit, memory_order_relaxed);
+    else
+        atomic_fetch_and_explicit(&r->marks[g / AL_SHADOW_PER_WORD], ~bit, memory_order_relaxed);
+}

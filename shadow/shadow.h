@@ -20,7 +20,9 @@
 #define AL_SHADOW_REGION_SHIFT 20
 #define AL_SHADOW_GRANULE_SHIFT 3
 #define AL_SHADOW_GRANULES (1u << (AL_SHADOW_REGION_SHIFT - AL_SHADOW_GRANULE_SHIFT))
-#define AL_SHADOW_WORDS (AL_SHADOW_GRANULES / 32) /* 2 bits per granule, 32 granules a word */
+#define AL_SHADOW_BITS 4 /* per granule: seen, large, sampled */
+#define AL_SHADOW_PER_WORD (64 / AL_SHADOW_BITS)
+#define AL_SHADOW_WORDS (AL_SHADOW_GRANULES / AL_SHADOW_PER_WORD)
 
 struct al_shadow_region {
     _Atomic uint64_t marks[AL_SHADOW_WORDS];
@@ -62,8 +64,15 @@ static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow
                                 memory_order_acquire);
 }
 
+/* A region records, per 8-byte granule (the smallest alignment any allocator hands out),
+ * whether an allocation ever returned that address, whether the object living there now is
+ * large, and whether it is a sampled one: new/reused detection without any lock, and an
+ * object's class and sampling at free time from one load near the object itself. */
 #define AL_SHADOW_SEEN 1u
 #define AL_SHADOW_LARGE 2u
+#define AL_SHADOW_SAMPLED 4u
+
+#define AL_SHADOW_GRANULE(a) (((a) & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT)
 
 bool _al_shadow_mark_slow(_Atomic uint64_t *w, uint64_t old, uint64_t seen, uint64_t big, bool large);
 
@@ -78,10 +87,10 @@ static inline __attribute__((always_inline)) bool _al_shadow_mark(const void *p,
         if (!r)
             return false;
     }
-    uint64_t g = (a & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT;
-    unsigned shift = (unsigned)(g & 31) * 2;
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    unsigned shift = (unsigned)(g % AL_SHADOW_PER_WORD) * AL_SHADOW_BITS;
     uint64_t seen = (uint64_t)AL_SHADOW_SEEN << shift, big = (uint64_t)AL_SHADOW_LARGE << shift;
-    _Atomic uint64_t *w = &r->marks[g >> 5];
+    _Atomic uint64_t *w = &r->marks[g / AL_SHADOW_PER_WORD];
     /* Most allocations return an address seen before whose mark is already right: a plain
      * load settles those. Only a change takes an atomic (other granules share the word). */
     uint64_t want = large ? seen | big : seen;
@@ -91,16 +100,19 @@ static inline __attribute__((always_inline)) bool _al_shadow_mark(const void *p,
     return _al_shadow_mark_slow(w, old, seen, big, large);
 }
 
-/* Whether the object at p (about to be freed) was allocated as a large object. */
-static inline __attribute__((always_inline)) bool _al_shadow_is_large(const void *p)
+/* The marks of the object at p (about to be freed): AL_SHADOW_LARGE, AL_SHADOW_SAMPLED. */
+static inline __attribute__((always_inline)) unsigned _al_shadow_flags(const void *p)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region(a);
     if (!r)
-        return false;
-    uint64_t g = (a & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT;
-    uint64_t w = atomic_load_explicit(&r->marks[g >> 5], memory_order_relaxed);
-    return (w >> ((g & 31) * 2)) & AL_SHADOW_LARGE;
+        return 0;
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    uint64_t w = atomic_load_explicit(&r->marks[g / AL_SHADOW_PER_WORD], memory_order_relaxed);
+    return (unsigned)(w >> ((g % AL_SHADOW_PER_WORD) * AL_SHADOW_BITS)) & 0xf;
 }
+
+/* Marks or unmarks the object at p as sampled (the rare path). */
+void _al_shadow_set_sampled(const void *p, bool sampled);
 
 #endif

@@ -29,13 +29,21 @@ END_TEST
 START_TEST(large_mark_follows_the_object)
 {
     char *p = (char *)(uintptr_t)0x7f0000300040ull;
-    ck_assert(!_al_shadow_is_large(p));
+    ck_assert(!(AL_SHADOW_LARGE & _al_shadow_flags(p)));
     _al_shadow_mark(p, true);
-    ck_assert(_al_shadow_is_large(p));
+    ck_assert((AL_SHADOW_LARGE & _al_shadow_flags(p)));
     /* A small object at the same address later: no longer large. */
     _al_shadow_mark(p, false);
-    ck_assert(!_al_shadow_is_large(p));
-    ck_assert(!_al_shadow_is_large((char *)(uintptr_t)0x7f0000500000ull)); /* no region there */
+    ck_assert(!(AL_SHADOW_LARGE & _al_shadow_flags(p)));
+    ck_assert(!(AL_SHADOW_LARGE & _al_shadow_flags((char *)(uintptr_t)0x7f0000500000ull))); /* no region there */
+    /* The sampled mark is independent of the others and survives a re-mark of the object. */
+    _al_shadow_set_sampled(p, true);
+    ck_assert(_al_shadow_flags(p) & AL_SHADOW_SAMPLED);
+    ck_assert(_al_shadow_mark(p, false));
+    ck_assert(_al_shadow_flags(p) & AL_SHADOW_SAMPLED);
+    _al_shadow_set_sampled(p, false);
+    ck_assert(!(_al_shadow_flags(p) & AL_SHADOW_SAMPLED));
+    ck_assert(_al_shadow_flags(p) & AL_SHADOW_SEEN);
 }
 END_TEST
 

@@ -1,0 +1,730 @@
+/* A heap profile in pprof's profile.proto format (github.com/google/pprof/proto/profile.proto),
+ * gzipped, laid out as Go's heap profiles are so `go tool pprof` reads it.
+ *
+ * This runs inside the profiled process, in front of the allocator being measured: nothing here
+ * calls malloc. The message is encoded by hand into mmap'd buffers (struct al_buf), strings,
+ * functions and locations are deduplicated through open-addressing tables in mmap'd memory, and
+ * zlib allocates from an mmap'd bump region given back at the end. Stack use stays small (the
+ * report may be written on a PTHREAD_STACK_MIN stack). */
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "pprof.h"
+#include "profiler.h"
+
+/* ---- protobuf encoding -------------------------------------------------------------------- */
+
+enum { PB_VARINT = 0, PB_LEN = 2 };
+
+/* profile.proto field numbers. */
+enum {
+    PROFILE_SAMPLE_TYPE = 1, PROFILE_SAMPLE = 2, PROFILE_MAPPING = 3, PROFILE_LOCATION = 4,
+    PROFILE_FUNCTION = 5, PROFILE_STRING_TABLE = 6, PROFILE_TIME_NANOS = 9,
+    PROFILE_DURATION_NANOS = 10, PROFILE_PERIOD_TYPE = 11, PROFILE_PERIOD = 12,
+};
+enum { VALUETYPE_TYPE = 1, VALUETYPE_UNIT = 2 };
+enum { SAMPLE_LOCATION_ID = 1, SAMPLE_VALUE = 2 };
+enum {
+    MAPPING_ID = 1, MAPPING_MEMORY_START = 2, MAPPING_MEMORY_LIMIT = 3, MAPPING_FILE_OFFSET = 4,
+    MAPPING_FILENAME = 5, MAPPING_BUILD_ID = 6, MAPPING_HAS_FUNCTIONS = 7,
+    MAPPING_HAS_FILENAMES = 8, MAPPING_HAS_LINE_NUMBERS = 9,
+};
+enum { LOCATION_ID = 1, LOCATION_MAPPING_ID = 2, LOCATION_ADDRESS = 3, LOCATION_LINE = 4 };
+enum { LINE_FUNCTION_ID = 1, LINE_LINE = 2 };
+enum { FUNCTION_ID = 1, FUNCTION_NAME = 2, FUNCTION_SYSTEM_NAME = 3, FUNCTION_FILENAME = 4 };
+
+static size_t varint_to(unsigned char *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (unsigned char)v;
+    return n;
+}
+
+static void pb_varint(struct al_buf *b, uint64_t v)
+{
+    unsigned char tmp[10];
+    _al_buf_putn(b, (const char *)tmp, varint_to(tmp, v));
+}
+
+static void pb_tag(struct al_buf *b, unsigned field, unsigned wire)
+{
+    pb_varint(b, (uint64_t)field << 3 | wire);
+}
+
+/* A scalar field; zero is proto3's default and is left out. int64 values are written as their
+ * two's-complement uint64, as protobuf does. */
+static void pb_uint(struct al_buf *b, unsigned field, uint64_t v)
+{
+    if (v == 0)
+        return;
+    pb_tag(b, field, PB_VARINT);
+    pb_varint(b, v);
+}
+
+static void pb_bytes(struct al_buf *b, unsigned field, const void *data, size_t n)
+{
+    pb_tag(b, field, PB_LEN);
+    pb_varint(b, n);
+    if (n)
+        _al_buf_putn(b, data, n);
+}
+
+/* An embedded message (or a packed repeated field) built in M. */
+static void pb_sub(struct al_buf *b, unsigned field, const struct al_buf *m)
+{
+    pb_bytes(b, field, m->data, m->len);
+}
+
+/* ---- mmap'd arrays and hash tables -------------------------------------------------------- */
+
+/* Arrays of fixed-size records are kept in an al_buf (it grows by mmap). */
+#define ARR_AT(buf, type, i) (((type *)(void *)(buf).data)[i])
+#define ARR_LEN(buf, type) ((buf).len / sizeof(type))
+
+static void arr_push(struct al_buf *b, const void *rec, size_t size)
+{
+    _al_buf_putn(b, rec, size);
+}
+
+/* Open addressing, linear probing, kept at most half full. A slot's v is the entry's index + 1
+ * (0: empty); k1/k2 are its key, h its hash. Strings hash their bytes and keep their length in
+ * k2; the bytes are compared against the string array on a hash match. */
+struct slot {
+    uint64_t h, k1, k2;
+    uint64_t v;
+};
+
+struct table {
+    struct slot *s;
+    size_t cap, n;
+    bool failed;
+};
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t hash_pair(uint64_t a, uint64_t b)
+{
+    return mix64(a * 0x9e3779b97f4a7c15ull ^ mix64(b + 0x632be59bd9b4e5a9ull));
+}
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 0x100000001b3ull;
+    }
+    return mix64(h ^ n);
+}
+
+/* Room for one more entry; false when memory ran out. */
+static bool table_reserve(struct table *t)
+{
+    if (t->failed)
+        return false;
+    if ((t->n + 1) * 2 <= t->cap)
+        return true;
+    size_t cap = t->cap ? t->cap * 2 : 1024;
+    struct slot *s = _al_mem_map(cap * sizeof *s);
+    if (!s) {
+        t->failed = true;
+        return false;
+    }
+    for (size_t i = 0; i < t->cap; i++) {
+        if (!t->s[i].v)
+            continue;
+        size_t j = t->s[i].h & (cap - 1);
+        while (s[j].v)
+            j = (j + 1) & (cap - 1);
+        s[j] = t->s[i];
+    }
+    if (t->s)
+        _al_mem_unmap(t->s, t->cap * sizeof *t->s);
+    t->s = s;
+    t->cap = cap;
+    return true;
+}
+
+static void table_free(struct table *t)
+{
+    if (t->s)
+        _al_mem_unmap(t->s, t->cap * sizeof *t->s);
+    t->s = NULL;
+    t->cap = t->n = 0;
+}
+
+/* ---- the profile being built -------------------------------------------------------------- */
+
+struct str_rec { const char *s; size_t n; };
+struct func_rec { uint64_t name, file; };
+struct loc_rec { uint64_t address; uint32_t mapping; uint32_t function; int64_t line; };
+struct map_stat { uint64_t locations, functions, files, lines; };
+
+struct pp {
+    const struct al_pprof_profile *p;
+    struct al_buf out, msg, pk;          /* the profile; one message; one packed field */
+    struct al_buf strs, funcs, locs, mstat;
+    struct table tstr, tfunc, tloc;
+    bool failed;
+};
+
+static uint64_t intern_n(struct pp *w, const char *s, size_t n)
+{
+    uint64_t h = hash_bytes(s, n);
+    if (!table_reserve(&w->tstr)) {
+        w->failed = true;
+        return 0;
+    }
+    struct table *t = &w->tstr;
+    size_t i = h & (t->cap - 1);
+    for (; t->s[i].v; i = (i + 1) & (t->cap - 1)) {
+        struct slot *sl = &t->s[i];
+        if (sl->h == h && sl->k2 == n) {
+            const struct str_rec *r = &ARR_AT(w->strs, struct str_rec, sl->v - 1);
+            if (memcmp(r->s, s, n) == 0)
+                return sl->v - 1;
+        }
+    }
+    uint64_t idx = ARR_LEN(w->strs, struct str_rec);
+    struct str_rec r = { s, n };
+    arr_push(&w->strs, &r, sizeof r);
+    if (w->strs.failed) {
+        w->failed = true;
+        return 0;
+    }
+    t->s[i] = (struct slot){ .h = h, .k1 = h, .k2 = n, .v = idx + 1 };
+    t->n++;
+    return idx;
+}
+
+/* A string's index in the string table; NULL is "" (index 0). */
+static uint64_t intern(struct pp *w, const char *s)
+{
+    return s ? intern_n(w, s, strlen(s)) : 0;
+}
+
+/* Looks (k1, k2) up in T: the entry's index + 1, or 0 with *slot_out where to insert it. */
+static uint64_t table_find(struct table *t, uint64_t k1, uint64_t k2, struct slot **slot_out)
+{
+    uint64_t h = hash_pair(k1, k2);
+    size_t i = h & (t->cap - 1);
+    for (; t->s[i].v; i = (i + 1) & (t->cap - 1))
+        if (t->s[i].h == h && t->s[i].k1 == k1 && t->s[i].k2 == k2)
+            return t->s[i].v;
+    t->s[i].h = h;
+    t->s[i].k1 = k1;
+    t->s[i].k2 = k2;
+    *slot_out = &t->s[i];
+    return 0;
+}
+
+/* The id (1-based) of the Function named NAME in FILE. */
+static uint32_t function_id(struct pp *w, const char *name, const char *file)
+{
+    uint64_t n = intern(w, name), f = intern(w, file);
+    if (w->failed || !table_reserve(&w->tfunc)) {
+        w->failed = true;
+        return 0;
+    }
+    struct slot *sl = NULL;
+    uint64_t v = table_find(&w->tfunc, n, f, &sl);
+    if (v)
+        return (uint32_t)v;
+    struct func_rec r = { n, f };
+    arr_push(&w->funcs, &r, sizeof r);
+    if (w->funcs.failed) {
+        w->failed = true;
+        return 0;
+    }
+    sl->v = ARR_LEN(w->funcs, struct func_rec);
+    w->tfunc.n++;
+    return (uint32_t)sl->v;
+}
+
+/* The id (1-based) of the Location of frame F, deduplicated by (address, mapping). */
+static uint64_t location_id(struct pp *w, const struct al_pprof_frame *f)
+{
+    uint32_t mapping = f->mapping <= w->p->nmappings ? f->mapping : 0;
+    if (!table_reserve(&w->tloc)) {
+        w->failed = true;
+        return 0;
+    }
+    struct slot *sl = NULL;
+    uint64_t v = table_find(&w->tloc, f->address, mapping, &sl);
+    if (v)
+        return v;
+    /* The slot stays empty (v == 0) until the location is recorded: interning below may not
+     * touch this table, so the pointer stays valid. */
+    struct loc_rec r = { .address = f->address, .mapping = mapping, .line = f->line };
+    if (f->function)
+        r.function = function_id(w, f->function, f->file);
+    if (w->failed)
+        return 0;
+    arr_push(&w->locs, &r, sizeof r);
+    if (w->locs.failed) {
+        w->failed = true;
+        return 0;
+    }
+    sl->v = ARR_LEN(w->locs, struct loc_rec);
+    w->tloc.n++;
+    if (mapping) {
+        struct map_stat *m = &ARR_AT(w->mstat, struct map_stat, mapping - 1);
+        m->locations++;
+        m->functions += f->function != NULL;
+        m->files += f->function != NULL && f->file != NULL;
+        m->lines += f->function != NULL && f->line > 0;
+    }
+    return sl->v;
+}
+
+static void value_type(struct pp *w, unsigned field, const char *type, const char *unit)
+{
+    w->msg.len = 0;
+    pb_uint(&w->msg, VALUETYPE_TYPE, intern(w, type));
+    pb_uint(&w->msg, VALUETYPE_UNIT, intern(w, unit));
+    pb_sub(&w->out, field, &w->msg);
+}
+
+static void encode_samples(struct pp *w)
+{
+    const struct al_pprof_profile *p = w->p;
+    for (uint32_t i = 0; i < p->nsamples && !w->failed; i++) {
+        const struct al_pprof_sample *s = &p->samples[i];
+        w->msg.len = 0;
+        w->pk.len = 0;
+        for (uint32_t j = 0; j < s->nframes; j++)
+            pb_varint(&w->pk, location_id(w, &s->frames[j]));
+        if (w->pk.len)
+            pb_sub(&w->msg, SAMPLE_LOCATION_ID, &w->pk);
+        w->pk.len = 0;
+        int64_t values[4] = { s->alloc_objects, s->alloc_space, s->inuse_objects, s->inuse_space };
+        for (int k = 0; k < 4; k++)
+            pb_varint(&w->pk, (uint64_t)values[k]);
+        pb_sub(&w->msg, SAMPLE_VALUE, &w->pk);
+        pb_sub(&w->out, PROFILE_SAMPLE, &w->msg);
+    }
+}
+
+/* has_functions and its siblings say that every location of the mapping already carries that
+ * much: pprof then leaves the mapping alone instead of symbolizing it again from the binary (as
+ * the Go runtime sets them). */
+static void encode_mappings(struct pp *w)
+{
+    const struct al_pprof_profile *p = w->p;
+    for (uint32_t i = 0; i < p->nmappings; i++) {
+        const struct al_pprof_mapping *m = &p->mappings[i];
+        const struct map_stat *st = &ARR_AT(w->mstat, struct map_stat, i);
+        w->msg.len = 0;
+        pb_uint(&w->msg, MAPPING_ID, i + 1);
+        pb_uint(&w->msg, MAPPING_MEMORY_START, m->start);
+        pb_uint(&w->msg, MAPPING_MEMORY_LIMIT, m->limit);
+        pb_uint(&w->msg, MAPPING_FILE_OFFSET, m->offset);
+        pb_uint(&w->msg, MAPPING_FILENAME, intern(w, m->file));
+        pb_uint(&w->msg, MAPPING_BUILD_ID, intern(w, m->build_id));
+        bool any = st->locations > 0;
+        pb_uint(&w->msg, MAPPING_HAS_FUNCTIONS, any && st->functions == st->locations);
+        pb_uint(&w->msg, MAPPING_HAS_FILENAMES, any && st->files == st->locations);
+        pb_uint(&w->msg, MAPPING_HAS_LINE_NUMBERS, any && st->lines == st->locations);
+        pb_sub(&w->out, PROFILE_MAPPING, &w->msg);
+    }
+}
+
+static void encode_locations(struct pp *w)
+{
+    size_t n = ARR_LEN(w->locs, struct loc_rec);
+    for (size_t i = 0; i < n; i++) {
+        const struct loc_rec *l = &ARR_AT(w->locs, struct loc_rec, i);
+        w->msg.len = 0;
+        pb_uint(&w->msg, LOCATION_ID, i + 1);
+        pb_uint(&w->msg, LOCATION_MAPPING_ID, l->mapping);
+        pb_uint(&w->msg, LOCATION_ADDRESS, l->address);
+        if (l->function) {
+            /* Line { function_id, line }: small enough to build on the stack. */
+            unsigned char line[24];
+            size_t k = 0;
+            line[k++] = LINE_FUNCTION_ID << 3 | PB_VARINT;
+            k += varint_to(line + k, l->function);
+            if (l->line) {
+                line[k++] = LINE_LINE << 3 | PB_VARINT;
+                k += varint_to(line + k, (uint64_t)l->line);
+            }
+            pb_bytes(&w->msg, LOCATION_LINE, line, k);
+        }
+        pb_sub(&w->out, PROFILE_LOCATION, &w->msg);
+    }
+}
+
+static void encode_functions(struct pp *w)
+{
+    size_t n = ARR_LEN(w->funcs, struct func_rec);
+    for (size_t i = 0; i < n; i++) {
+        const struct func_rec *f = &ARR_AT(w->funcs, struct func_rec, i);
+        w->msg.len = 0;
+        pb_uint(&w->msg, FUNCTION_ID, i + 1);
+        pb_uint(&w->msg, FUNCTION_NAME, f->name);
+        pb_uint(&w->msg, FUNCTION_SYSTEM_NAME, f->name);
+        pb_uint(&w->msg, FUNCTION_FILENAME, f->file);
+        pb_sub(&w->out, PROFILE_FUNCTION, &w->msg);
+    }
+}
+
+static void encode_strings(struct pp *w)
+{
+    size_t n = ARR_LEN(w->strs, struct str_rec);
+    for (size_t i = 0; i < n; i++) {
+        const struct str_rec *s = &ARR_AT(w->strs, struct str_rec, i);
+        pb_bytes(&w->out, PROFILE_STRING_TABLE, s->s, s->n);
+    }
+}
+
+static int encode(struct pp *w)
+{
+    const struct al_pprof_profile *p = w->p;
+    intern_n(w, "", 0); /* index 0 */
+    for (uint32_t i = 0; i < p->nmappings; i++) {
+        struct map_stat z = { 0 };
+        arr_push(&w->mstat, &z, sizeof z);
+    }
+    if (w->mstat.failed)
+        return -ENOMEM;
+
+    value_type(w, PROFILE_SAMPLE_TYPE, "alloc_objects", "count");
+    value_type(w, PROFILE_SAMPLE_TYPE, "alloc_space", "bytes");
+    value_type(w, PROFILE_SAMPLE_TYPE, "inuse_objects", "count");
+    value_type(w, PROFILE_SAMPLE_TYPE, "inuse_space", "bytes");
+    encode_samples(w);
+    encode_mappings(w);
+    encode_locations(w);
+    encode_functions(w);
+    pb_uint(&w->out, PROFILE_TIME_NANOS, (uint64_t)p->time_nanos);
+    pb_uint(&w->out, PROFILE_DURATION_NANOS, (uint64_t)p->duration_nanos);
+    value_type(w, PROFILE_PERIOD_TYPE, "space", "bytes");
+    pb_uint(&w->out, PROFILE_PERIOD, (uint64_t)p->period);
+    encode_strings(w); /* last: every string is interned by now */
+
+    if (w->failed || w->out.failed || w->msg.failed || w->pk.failed || w->strs.failed ||
+        w->funcs.failed || w->locs.failed)
+        return -ENOMEM;
+    return 0;
+}
+
+static void pp_free(struct pp *w)
+{
+    _al_buf_free(&w->out);
+    _al_buf_free(&w->msg);
+    _al_buf_free(&w->pk);
+    _al_buf_free(&w->strs);
+    _al_buf_free(&w->funcs);
+    _al_buf_free(&w->locs);
+    _al_buf_free(&w->mstat);
+    table_free(&w->tstr);
+    table_free(&w->tfunc);
+    table_free(&w->tloc);
+}
+
+/* ---- gzip through zlib, with mmap'd memory ------------------------------------------------ */
+
+/* deflate at windowBits 15, memLevel 8 asks for about 270 KiB in a handful of blocks, all
+ * before the first byte is compressed; nothing is freed before deflateEnd. */
+#define Z_REGION (1u << 20)
+#define Z_CHUNK (64u << 10)
+
+struct zregion {
+    char *base;
+    size_t used, cap;
+};
+
+static voidpf z_alloc(voidpf opaque, uInt items, uInt size)
+{
+    struct zregion *r = opaque;
+    if (size && items > (SIZE_MAX - 64) / size)
+        return Z_NULL;
+    size_t n = ((size_t)items * size + 63) & ~(size_t)63;
+    if (n > r->cap - r->used)
+        return Z_NULL;
+    void *p = r->base + r->used;
+    r->used += n;
+    return p;
+}
+
+static void z_free(voidpf opaque, voidpf address)
+{
+    (void)opaque;
+    (void)address; /* the region goes back whole */
+}
+
+static int write_all(int fd, const unsigned char *p, size_t n)
+{
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Compresses DATA into a gzip stream written to FD. */
+static int gzip_to_fd(int fd, const char *data, size_t len, const char **why)
+{
+    struct zregion r = { .base = _al_mem_map(Z_REGION), .cap = Z_REGION - Z_CHUNK };
+    if (!r.base)
+        return -ENOMEM;
+    unsigned char *chunk = (unsigned char *)r.base + r.cap;
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    zs.zalloc = z_alloc;
+    zs.zfree = z_free;
+    zs.opaque = &r;
+    int rc = deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
+    if (rc != Z_OK) {
+        _al_mem_unmap(r.base, Z_REGION);
+        return rc == Z_MEM_ERROR ? -ENOMEM : -EINVAL;
+    }
+    int ret = 0;
+    size_t off = 0;
+    int zr;
+    do {
+        /* avail_in is a uInt: feed very large profiles in slices. */
+        if (zs.avail_in == 0 && off < len) {
+            size_t n = len - off > (1u << 30) ? (1u << 30) : len - off;
+            zs.next_in = (Bytef *)(uintptr_t)(data + off);
+            zs.avail_in = (uInt)n;
+            off += n;
+        }
+        zs.next_out = chunk;
+        zs.avail_out = Z_CHUNK;
+        zr = deflate(&zs, off == len ? Z_FINISH : Z_NO_FLUSH);
+        if (zr == Z_STREAM_ERROR || (zr == Z_BUF_ERROR && zs.avail_out == Z_CHUNK)) {
+            *why = zs.msg ? zs.msg : "compression failed";
+            ret = -EIO;
+            break;
+        }
+        ret = write_all(fd, chunk, Z_CHUNK - zs.avail_out);
+    } while (ret == 0 && zr != Z_STREAM_END);
+    deflateEnd(&zs);
+    _al_mem_unmap(r.base, Z_REGION);
+    return ret;
+}
+
+/* ---- the entry points --------------------------------------------------------------------- */
+
+static int fail(char *err, size_t errcap, const char *path, int r, const char *why)
+{
+    if (err && errcap)
+        snprintf(err, errcap, "cannot write %s: %s", path ? path : "(null)", why ? why : strerror(-r));
+    return r;
+}
+
+int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *err, size_t errcap)
+{
+    if (err && errcap)
+        err[0] = '\0';
+    if (!path || !p)
+        return fail(err, errcap, path, -EINVAL, NULL);
+    if ((p->nmappings && !p->mappings) || (p->nsamples && !p->samples))
+        return fail(err, errcap, path, -EINVAL, "invalid profile");
+    for (uint32_t i = 0; i < p->nsamples; i++)
+        if (p->samples[i].nframes && !p->samples[i].frames)
+            return fail(err, errcap, path, -EINVAL, "invalid profile");
+
+    struct pp *w = _al_mem_map(sizeof *w);
+    if (!w)
+        return fail(err, errcap, path, -ENOMEM, NULL);
+    w->p = p;
+    int r = encode(w);
+    if (r < 0) {
+        pp_free(w);
+        _al_mem_unmap(w, sizeof *w);
+        return fail(err, errcap, path, r, NULL);
+    }
+
+    /* A file this call created and could not finish is removed; one that was there before (a
+     * device, a fifo, a file someone else named) is left alone. */
+    const char *why = NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    bool created = fd >= 0;
+    if (fd < 0 && errno == EEXIST)
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        r = -errno;
+    } else {
+        r = gzip_to_fd(fd, w->out.data, w->out.len, &why);
+        if (close(fd) < 0 && r == 0 && errno != EINTR)
+            r = -errno;
+        if (r < 0 && created)
+            unlink(path);
+    }
+    pp_free(w);
+    _al_mem_unmap(w, sizeof *w);
+    return r < 0 ? fail(err, errcap, path, r, why) : 0;
+}
+
+/* ---- GNU build ids ------------------------------------------------------------------------ */
+
+/* Looks for NT_GNU_BUILD_ID among the notes in P[0..N); entries are padded to ALIGN. */
+static int scan_notes(const unsigned char *p, uint64_t n, uint64_t align, char *hex, size_t cap)
+{
+    static const char digits[] = "0123456789abcdef";
+    uint64_t off = 0;
+    while (n - off >= 12) {
+        uint32_t hdr[3];
+        memcpy(hdr, p + off, sizeof hdr);
+        uint64_t namesz = hdr[0], descsz = hdr[1];
+        uint64_t name = off + 12;
+        uint64_t desc = name + ((namesz + align - 1) & ~(align - 1));
+        uint64_t next = desc + ((descsz + align - 1) & ~(align - 1));
+        if (desc + descsz > n)
+            return -ENOENT; /* malformed: nothing past here can be trusted */
+        if (hdr[2] == NT_GNU_BUILD_ID && namesz == 4 && memcmp(p + name, "GNU", 4) == 0 && descsz) {
+            if (cap < descsz * 2 + 1)
+                return -ERANGE;
+            for (uint64_t i = 0; i < descsz; i++) {
+                hex[2 * i] = digits[p[desc + i] >> 4];
+                hex[2 * i + 1] = digits[p[desc + i] & 15];
+            }
+            hex[descsz * 2] = '\0';
+            return 0;
+        }
+        if (next > n)
+            break;
+        off = next;
+    }
+    return -ENOENT;
+}
+
+static int scan_region(const unsigned char *base, uint64_t size, uint64_t off, uint64_t len,
+                       uint64_t align, char *hex, size_t cap)
+{
+    if (off > size || len > size - off)
+        return -ENOENT;
+    return scan_notes(base + off, len, align == 8 ? 8 : 4, hex, cap);
+}
+
+/* An ELF image of this machine's byte order, 32- or 64-bit: its PT_NOTE segments, then (for
+ * files without program headers, or whose notes are only in sections) its SHT_NOTE sections. */
+static int elf_build_id(const unsigned char *m, uint64_t size, char *hex, size_t cap)
+{
+    if (size < EI_NIDENT || memcmp(m, ELFMAG, SELFMAG) != 0)
+        return -ENOEXEC;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (m[EI_DATA] != ELFDATA2LSB)
+        return -ENOEXEC;
+#else
+    if (m[EI_DATA] != ELFDATA2MSB)
+        return -ENOEXEC;
+#endif
+    bool is64 = m[EI_CLASS] == ELFCLASS64;
+    if (!is64 && m[EI_CLASS] != ELFCLASS32)
+        return -ENOEXEC;
+
+    uint64_t phoff, shoff, phentsize, phnum, shentsize, shnum;
+    if (is64) {
+        Elf64_Ehdr e;
+        if (size < sizeof e)
+            return -ENOEXEC;
+        memcpy(&e, m, sizeof e);
+        phoff = e.e_phoff, phentsize = e.e_phentsize, phnum = e.e_phnum;
+        shoff = e.e_shoff, shentsize = e.e_shentsize, shnum = e.e_shnum;
+    } else {
+        Elf32_Ehdr e;
+        if (size < sizeof e)
+            return -ENOEXEC;
+        memcpy(&e, m, sizeof e);
+        phoff = e.e_phoff, phentsize = e.e_phentsize, phnum = e.e_phnum;
+        shoff = e.e_shoff, shentsize = e.e_shentsize, shnum = e.e_shnum;
+    }
+
+    int r;
+    size_t phsize = is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr);
+    if (phnum && phentsize >= phsize && phoff <= size && phnum * phentsize <= size - phoff) {
+        for (uint64_t i = 0; i < phnum; i++) {
+            const unsigned char *q = m + phoff + i * phentsize;
+            uint64_t type, off, len, align;
+            if (is64) {
+                Elf64_Phdr ph;
+                memcpy(&ph, q, sizeof ph);
+                type = ph.p_type, off = ph.p_offset, len = ph.p_filesz, align = ph.p_align;
+            } else {
+                Elf32_Phdr ph;
+                memcpy(&ph, q, sizeof ph);
+                type = ph.p_type, off = ph.p_offset, len = ph.p_filesz, align = ph.p_align;
+            }
+            if (type == PT_NOTE && (r = scan_region(m, size, off, len, align, hex, cap)) != -ENOENT)
+                return r;
+        }
+    }
+    size_t shsize = is64 ? sizeof(Elf64_Shdr) : sizeof(Elf32_Shdr);
+    if (shnum && shentsize >= shsize && shoff <= size && shnum * shentsize <= size - shoff) {
+        for (uint64_t i = 0; i < shnum; i++) {
+            const unsigned char *q = m + shoff + i * shentsize;
+            uint64_t type, off, len, align;
+            if (is64) {
+                Elf64_Shdr sh;
+                memcpy(&sh, q, sizeof sh);
+                type = sh.sh_type, off = sh.sh_offset, len = sh.sh_size, align = sh.sh_addralign;
+            } else {
+                Elf32_Shdr sh;
+                memcpy(&sh, q, sizeof sh);
+                type = sh.sh_type, off = sh.sh_offset, len = sh.sh_size, align = sh.sh_addralign;
+            }
+            if (type == SHT_NOTE && (r = scan_region(m, size, off, len, align, hex, cap)) != -ENOENT)
+                return r;
+        }
+    }
+    return -ENOENT;
+}
+
+int _al_build_id(const char *file, char *hex, size_t cap)
+{
+    if (!file || !hex || !cap)
+        return -EINVAL;
+    hex[0] = '\0';
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int r = -errno;
+        close(fd);
+        return r;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size < EI_NIDENT) {
+        close(fd);
+        return S_ISDIR(st.st_mode) ? -EISDIR : -ENOEXEC;
+    }
+    size_t size = (size_t)st.st_size;
+    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int r = m == MAP_FAILED ? -errno : 0;
+    close(fd);
+    if (r < 0)
+        return r;
+    r = elf_build_id(m, size, hex, cap);
+    munmap(m, size);
+    if (r < 0)
+        hex[0] = '\0';
+    return r;
+}

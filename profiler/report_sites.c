@@ -1,0 +1,333 @@
+/* The sites section of the report: the sampled call sites ranked by live bytes at the peak,
+ * by internal fragmentation and by bytes allocated, symbolized after the run (never on the
+ * hot path) with elfutils' libdw; and the same sites as a pprof heap profile.
+ *
+ * Symbolization runs at exit, after every number of the report is taken; libdw allocates,
+ * and those calls are forwarded to the allocator uncounted like all of the profiler's own.
+ */
+#include <elfutils/libdwfl.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pprof.h"
+#include "profiler.h"
+
+#define TOP 20
+
+static Dwfl *dwfl;
+
+static Dwfl *symbolizer(void)
+{
+    static const Dwfl_Callbacks callbacks = {
+        .find_elf = dwfl_linux_proc_find_elf,
+        .find_debuginfo = dwfl_standard_find_debuginfo,
+    };
+    if (dwfl)
+        return dwfl;
+    dwfl = dwfl_begin(&callbacks);
+    if (!dwfl)
+        return NULL;
+    dwfl_report_begin(dwfl);
+    if (dwfl_linux_proc_report(dwfl, getpid()) != 0 || dwfl_report_end(dwfl, NULL, NULL) != 0) {
+        dwfl_end(dwfl);
+        dwfl = NULL;
+    }
+    return dwfl;
+}
+
+struct symbol {
+    const char *function; /* NULL when unknown */
+    const char *file;
+    int line;
+    const char *module;
+    uint64_t module_offset;
+};
+
+static char *(*demangle)(const char *, char *, size_t *, int *);
+
+/* Full symbolization (debug info, file:line) costs tens of milliseconds a process: the main
+ * process gets it; the others of a run (a shell's children, say) get the dynamic symbol
+ * table's names through dladdr, which costs nothing. */
+static bool full_symbols;
+
+/* A return address points after the call: look up the call itself. */
+static void symbolize(uintptr_t pc, struct symbol *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!full_symbols) {
+        Dl_info info;
+        if (dladdr((void *)(pc - 1), &info) && info.dli_fname) {
+            s->module = info.dli_fname;
+            s->module_offset = pc - (uintptr_t)info.dli_fbase;
+            s->function = info.dli_sname;
+        }
+        return;
+    }
+    Dwfl *d = symbolizer();
+    Dwfl_Module *m = d ? dwfl_addrmodule(d, pc - 1) : NULL;
+    if (!m)
+        return;
+    Dwarf_Addr base = 0;
+    s->module = dwfl_module_info(m, NULL, &base, NULL, NULL, NULL, NULL, NULL);
+    s->module_offset = pc - base;
+    s->function = dwfl_module_addrname(m, pc - 1);
+    Dwfl_Line *l = dwfl_module_getsrc(m, pc - 1);
+    if (l)
+        s->file = dwfl_lineinfo(l, NULL, &s->line, NULL, NULL, NULL);
+}
+
+static void frame_text(char *out, size_t cap, uintptr_t pc)
+{
+    struct symbol s;
+    symbolize(pc, &s);
+    const char *fn = s.function;
+    char *plain = NULL;
+    if (fn && demangle) {
+        int status = -1;
+        plain = demangle(fn, NULL, NULL, &status);
+        if (status == 0 && plain)
+            fn = plain;
+    }
+    const char *mod = s.module ? strrchr(s.module, '/') : NULL;
+    mod = mod ? mod + 1 : s.module;
+    if (fn && s.file)
+        snprintf(out, cap, "%s (%s:%d)", fn, s.file, s.line);
+    else if (fn)
+        snprintf(out, cap, "%s (%s)", fn, mod ? mod : "?");
+    else if (mod)
+        snprintf(out, cap, "0x%lx (%s+0x%lx)", (unsigned long)pc, mod, (unsigned long)s.module_offset);
+    else
+        snprintf(out, cap, "0x%lx", (unsigned long)pc);
+    free(plain);
+}
+
+/* ---- ranking ------------------------------------------------------------------------------- */
+
+static int by_peak(const void *a, const void *b)
+{
+    double x = (*(struct al_site *const *)a)->peak_live_bytes, y = (*(struct al_site *const *)b)->peak_live_bytes;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int by_frag(const void *a, const void *b)
+{
+    double x = (*(struct al_site *const *)a)->frag_bytes, y = (*(struct al_site *const *)b)->frag_bytes;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int by_alloc(const void *a, const void *b)
+{
+    double x = (*(struct al_site *const *)a)->alloc_bytes, y = (*(struct al_site *const *)b)->alloc_bytes;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static struct al_site **ranked(int (*cmp)(const void *, const void *), uint32_t *n)
+{
+    *n = _al_sampler.nsites;
+    struct al_site **r = _al_mem_map((*n + 1) * sizeof *r);
+    if (!r)
+        return NULL;
+    for (uint32_t i = 0; i < *n; i++)
+        r[i] = &_al_sampler.sites[i];
+    qsort(r, *n, sizeof *r, cmp);
+    return r;
+}
+
+/* Residency was measured when the peak had last grown by an eighth (or at the peak itself):
+ * its shares, applied to the site's bytes at the peak. */
+static void at_peak(const struct al_site *st, double out[3])
+{
+    double sum = st->at_peak[0] + st->at_peak[1] + st->at_peak[2];
+    for (int k = 0; k < 3; k++)
+        out[k] = sum > 0 ? st->at_peak[k] / sum * st->peak_live_bytes : 0;
+}
+
+static double lifetime_ns(const struct al_site *st, double q, double cycles_per_ns)
+{
+    uint64_t h[AL_HIST_BUCKETS];
+    for (unsigned i = 0; i < AL_HIST_BUCKETS; i++)
+        h[i] = st->life_cycles[i];
+    double c = (double)_al_hist_quantile(h, st->nlife, q);
+    return cycles_per_ns > 0 ? c / cycles_per_ns : 0;
+}
+
+static void site_json(struct al_buf *b, const struct al_site *st, double cycles_per_ns)
+{
+    _al_buf_puts(b, "      { \"stack\": [");
+    char text[1024];
+    for (uint32_t f = 0; f < st->nframes; f++) {
+        frame_text(text, sizeof text, st->frames[f]);
+        if (f)
+            _al_buf_puts(b, ", ");
+        _al_buf_json_str(b, text);
+    }
+    _al_buf_printf(b, "],\n        \"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"allocated_bytes\": %.0f, "
+                   "\"allocated_objects\": %.0f, \"internal_fragmentation_bytes\": %.0f, \"count\": %llu,\n        \"lifetime_ns\": ",
+                   st->peak_live_bytes, st->live_bytes, st->alloc_bytes, st->alloc_objects, st->frag_bytes,
+                   (unsigned long long)st->count);
+    if (st->nlife)
+        _al_buf_printf(b, "{ \"freed_samples\": %llu, \"median\": %.0f, \"p90\": %.0f }", (unsigned long long)st->nlife,
+                       lifetime_ns(st, 0.5, cycles_per_ns), lifetime_ns(st, 0.9, cycles_per_ns));
+    else
+        _al_buf_puts(b, "null");
+    double ap[3];
+    at_peak(st, ap);
+    _al_buf_printf(b, ",\n        \"at_peak\": { \"resident_bytes\": %.0f, \"swapped_bytes\": %.0f, \"untouched_bytes\": %.0f } }",
+                   ap[0], ap[1], ap[2]);
+}
+
+static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *, const void *), double cycles_per_ns,
+                      bool last)
+{
+    uint32_t n;
+    struct al_site **r = ranked(cmp, &n);
+    _al_buf_printf(b, "    \"%s\": [\n", key);
+    for (uint32_t i = 0; r && i < n && i < TOP; i++) {
+        site_json(b, r[i], cycles_per_ns);
+        _al_buf_puts(b, i + 1 < n && i + 1 < TOP ? ",\n" : "\n");
+    }
+    _al_buf_puts(b, last ? "    ]\n" : "    ],\n");
+    if (r)
+        _al_mem_unmap(r, (n + 1) * sizeof *r);
+}
+
+void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_image)
+{
+    full_symbols = main_image;
+    if (!_al_sampler.enabled) {
+        _al_buf_puts(b, "  \"sites\": { \"available\": false, \"reason\": \"allocation-site sampling is off "
+                        "(ALLOCLENS_SAMPLE_RATE=0)\" }\n");
+        return;
+    }
+    demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    struct al_sampler_totals tot;
+    _al_sampler_collect(&tot);
+    _al_sampler_lock();
+    _al_buf_printf(b, "  \"sites\": { \"available\": true, \"sample_rate_bytes\": %.0f, \"seed\": %llu, \"sites\": %u, "
+                   "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n",
+                   _al_sampler.rate, (unsigned long long)_al_sampler.seed, _al_sampler.nsites, _al_sampler.peak_bytes,
+                   tot.live_bytes, (unsigned long long)_al_sampler.dropped);
+    list_json(b, "top", by_peak, cycles_per_ns, false);
+    list_json(b, "top_by_internal_fragmentation", by_frag, cycles_per_ns, false);
+    list_json(b, "top_by_allocated", by_alloc, cycles_per_ns, true);
+    _al_buf_puts(b, "  }\n");
+    _al_sampler_unlock();
+}
+
+void _al_report_sites_text(struct al_buf *b, double cycles_per_ns)
+{
+    (void)cycles_per_ns;
+    full_symbols = true;
+    if (!_al_sampler.enabled) {
+        _al_buf_puts(b, "sites        unavailable: sampling is off (ALLOCLENS_SAMPLE_RATE=0)\n");
+        return;
+    }
+    _al_sampler_lock();
+    uint32_t n;
+    struct al_site **r = ranked(by_peak, &n);
+    _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated)\n",
+                   _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0);
+    _al_buf_puts(b, "   live@peak    allocated   int. frag  site\n");
+    char text[1024];
+    for (uint32_t i = 0; r && i < n && i < 10; i++) {
+        frame_text(text, sizeof text, r[i]->nframes ? r[i]->frames[0] : 0);
+        _al_buf_printf(b, "%12.0f %12.0f %11.0f  %s\n", r[i]->peak_live_bytes, r[i]->alloc_bytes, r[i]->frag_bytes, text);
+    }
+    if (r)
+        _al_mem_unmap(r, (n + 1) * sizeof *r);
+    _al_sampler_unlock();
+}
+
+/* ---- pprof --------------------------------------------------------------------------------- */
+
+struct maps {
+    struct al_pprof_mapping m[256];
+    char names[256][256];
+    char ids[256][48];
+    uint32_t n;
+};
+
+/* The executable file mappings of the process, for pprof's mapping table. */
+static void read_maps(struct maps *mp)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return;
+    char line[1024];
+    while (mp->n < 256 && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, off;
+        char perms[8], path[512] = "";
+        if (sscanf(line, "%lx-%lx %7s %lx %*s %*s %511s", &lo, &hi, perms, &off, path) < 4 || perms[2] != 'x' ||
+            path[0] != '/')
+            continue;
+        struct al_pprof_mapping *m = &mp->m[mp->n];
+        snprintf(mp->names[mp->n], sizeof mp->names[0], "%s", path);
+        m->start = lo;
+        m->limit = hi;
+        m->offset = off;
+        m->file = mp->names[mp->n];
+        m->build_id = _al_build_id(path, mp->ids[mp->n], sizeof mp->ids[0]) == 0 ? mp->ids[mp->n] : NULL;
+        mp->n++;
+    }
+    fclose(f);
+}
+
+void _al_report_pprof(const char *path, uint64_t runtime_ns)
+{
+    if (!_al_sampler.enabled) {
+        _al_log("no pprof profile written to %s: sampling is off", path);
+        return;
+    }
+    full_symbols = true;
+    struct maps *mp = _al_mem_map(sizeof *mp);
+    uint32_t n = _al_sampler.nsites;
+    struct al_pprof_sample *samples = _al_mem_map((n + 1) * sizeof *samples);
+    struct al_pprof_frame *frames = _al_mem_map(((size_t)n * AL_SITE_FRAMES + 1) * sizeof *frames);
+    char (*names)[256] = _al_mem_map(((size_t)n * AL_SITE_FRAMES + 1) * 2 * 256);
+    if (!mp || !samples || !frames || !names) {
+        _al_log("out of memory writing the pprof profile %s", path);
+        return;
+    }
+    read_maps(mp);
+    _al_sampler_lock();
+    size_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct al_site *st = &_al_sampler.sites[i];
+        samples[i].frames = &frames[k];
+        samples[i].nframes = st->nframes;
+        samples[i].alloc_objects = (int64_t)(st->alloc_objects + 0.5);
+        samples[i].alloc_space = (int64_t)(st->alloc_bytes + 0.5);
+        samples[i].inuse_objects = (int64_t)(st->live_objects + 0.5);
+        samples[i].inuse_space = (int64_t)(st->live_bytes + 0.5);
+        for (uint32_t f = 0; f < st->nframes; f++, k++) {
+            struct al_pprof_frame *fr = &frames[k];
+            struct symbol s;
+            symbolize(st->frames[f], &s);
+            fr->address = st->frames[f] - 1;
+            if (s.function) {
+                snprintf(names[2 * k], 256, "%s", s.function);
+                fr->function = names[2 * k];
+            }
+            if (s.file) {
+                snprintf(names[2 * k + 1], 256, "%s", s.file);
+                fr->file = names[2 * k + 1];
+                fr->line = s.line;
+            }
+            for (uint32_t m = 0; m < mp->n; m++)
+                if (fr->address >= mp->m[m].start && fr->address < mp->m[m].limit)
+                    fr->mapping = m + 1;
+        }
+    }
+    _al_sampler_unlock();
+    struct al_pprof_profile p = { mp->m, mp->n, samples, n, (int64_t)_al_sampler.rate, 0, (int64_t)runtime_ns };
+    char err[512];
+    if (_al_pprof_write(path, &p, err, sizeof err) < 0)
+        _al_log("%s", err);
+    _al_mem_unmap(names, ((size_t)n * AL_SITE_FRAMES + 1) * 2 * 256);
+    _al_mem_unmap(frames, ((size_t)n * AL_SITE_FRAMES + 1) * sizeof *frames);
+    _al_mem_unmap(samples, (n + 1) * sizeof *samples);
+    _al_mem_unmap(mp, sizeof *mp);
+}

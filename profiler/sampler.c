@@ -1,0 +1,444 @@
+/* Where the memory goes: Poisson byte sampling of allocations, as tcmalloc and jemalloc do in
+ * production.
+ *
+ * Each thread counts down bytes (requested size + 1 per allocation) from a draw of an
+ * exponential distribution with mean R; the allocation that crosses zero is sampled: its call
+ * stack is captured and it is kept in a table until freed. An allocation of Z bytes is thus
+ * sampled with probability p = 1 - e^(-(Z+1)/R) (the +1 keeps zero-byte requests visible and
+ * is part of p, so the estimate stays unbiased for tiny objects), and stands for 1/p objects
+ * and Z/p bytes: each sample is unbiased first, then summed per call site.
+ *
+ * The hot path is one subtraction and one branch (in profiler.h); a free tests a mark in the
+ * shadow table, in the word it reads anyway for the object's size class. Everything else
+ * happens under one lock, only for sampled objects.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+
+#include "profiler.h"
+#include "sampler.h"
+
+#define SAMPLES_CAP (1u << 18)    /* live sampled objects (at R = 512 KiB: 128 GiB live) */
+#define SLOTS (SAMPLES_CAP * 2)    /* hash slots: at most half full */
+#define SLOT_BITS 19
+
+struct sample {
+    uintptr_t addr;
+    uint32_t site;
+    uint64_t size, usable, born;  /* born: TSC */
+    double objects, bytes;        /* what the sample stands for */
+};
+
+struct al_sampler _al_sampler;
+
+/* Live samples sit densely in samples[0, nsamples) (a free moves the last one into the hole),
+ * found by address through an open-addressing index. */
+struct slot {
+    uintptr_t addr; /* 0: empty */
+    uint32_t idx;
+};
+
+static struct {
+    _Atomic int lock;
+    struct sample *samples;
+    struct slot *slots;
+    uint64_t nsamples;
+    _Atomic uint64_t thread_ordinal;
+    uintptr_t self_lo, self_hi;  /* our own code, kept out of the stacks */
+    double live_bytes, residency_peak;
+    bool residency_pending;
+    int pagemap;
+} s = { .pagemap = -1 };
+
+static void lock(void)
+{
+    for (unsigned n = 0; atomic_exchange_explicit(&s.lock, 1, memory_order_acquire); n++)
+        n > 64 ? sched_yield() : __builtin_ia32_pause();
+}
+
+static void unlock(void)
+{
+    atomic_store_explicit(&s.lock, 0, memory_order_release);
+}
+
+/* ---- random draws -------------------------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int64_t next_countdown(struct al_thread *t)
+{
+    /* U uniform in (0, 1]: 53 random bits, never 0, so the log is finite. */
+    double u = (double)((splitmix(&t->rng) >> 11) + 1) * 0x1.0p-53;
+    double v = -log(u) * _al_sampler.rate;
+    return v >= 0x1.0p62 ? INT64_MAX : (int64_t)v;
+}
+
+void _al_sampler_thread_init(struct al_thread *t)
+{
+    if (!_al_sampler.rate) {
+        t->sample_countdown = INT64_MAX;
+        return;
+    }
+    /* With a seed, thread k of the run draws the same sequence every time. */
+    uint64_t k = atomic_fetch_add(&s.thread_ordinal, 1);
+    t->rng = _al_sampler.seed + k * 0x632be59bd9b4e019ull;
+    splitmix(&t->rng);
+    t->sample_countdown = next_countdown(t);
+}
+
+/* ---- set-up ---------------------------------------------------------------------------------- */
+
+static int find_self(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    uintptr_t here = (uintptr_t)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD)
+            continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (here >= lo && here < hi) {
+            s.self_lo = lo;
+            s.self_hi = hi;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void _al_sampler_init(const struct al_settings *set)
+{
+    _al_sampler.rate = (double)set->sample_rate;
+    _al_sampler.seed = set->seed;
+    if (!_al_sampler.seed) {
+        uint64_t x = _al_tsc() ^ ((uint64_t)getpid() << 32);
+        _al_sampler.seed = splitmix(&x) | 1;
+    }
+    if (!set->sample_rate)
+        return;
+    s.samples = _al_mem_map((size_t)SAMPLES_CAP * sizeof(struct sample));
+    s.slots = _al_mem_map((size_t)SLOTS * sizeof(struct slot));
+    _al_sampler.sites = _al_mem_map((size_t)AL_SITES_MAX * sizeof(struct al_site));
+    _al_sampler.slots = _al_mem_map(AL_SITE_SLOTS * sizeof(uint32_t));
+    _al_sampler.usable_size = (size_t (*)(void *))dlsym(RTLD_DEFAULT, "malloc_usable_size");
+    if (!s.samples || !s.slots || !_al_sampler.sites || !_al_sampler.slots) {
+        _al_log("no memory for the site sampler: sites are not reported");
+        _al_sampler.rate = 0;
+        return;
+    }
+    dl_iterate_phdr(find_self, (void *)(uintptr_t)_al_sampler_init);
+    _al_sampler.enabled = true;
+}
+
+void _al_sampler_atfork_prepare(void)
+{
+    lock();
+}
+
+void _al_sampler_atfork_parent(void)
+{
+    unlock();
+}
+
+void _al_sampler_atfork_child(void)
+{
+    /* The child's report covers its own allocations: it starts with no samples and no sites.
+     * Its copies of the parent's sampled objects lose their mark, so their frees pass
+     * unnoticed. Dropping the pages zeroes the tables without touching them. */
+    if (_al_sampler.enabled) {
+        for (uint64_t i = 0; i < s.nsamples; i++)
+            _al_shadow_set_sampled((void *)s.samples[i].addr, false);
+        madvise(s.samples, (size_t)SAMPLES_CAP * sizeof(struct sample), MADV_DONTNEED);
+        madvise(s.slots, (size_t)SLOTS * sizeof(struct slot), MADV_DONTNEED);
+        madvise(_al_sampler.sites, (size_t)AL_SITES_MAX * sizeof(struct al_site), MADV_DONTNEED);
+        memset(_al_sampler.slots, 0, AL_SITE_SLOTS * sizeof(uint32_t));
+        memset(&_al_sampler.unattributed, 0, sizeof _al_sampler.unattributed);
+        _al_sampler.nsites = 0;
+        _al_sampler.peak_bytes = 0;
+        _al_sampler.peak_time = 0;
+        _al_sampler.dropped = 0;
+        s.nsamples = 0;
+        s.live_bytes = s.residency_peak = 0;
+        s.residency_pending = false;
+    }
+    unlock();
+}
+
+/* ---- sites ----------------------------------------------------------------------------------- */
+
+static uint64_t hash_frames(const uintptr_t *f, unsigned n)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (unsigned i = 0; i < n; i++)
+        h = (h ^ f[i]) * 0x100000001b3ull;
+    return h ? h : 1;
+}
+
+/* Lock held. */
+static uint32_t site_of(const uintptr_t *frames, unsigned n)
+{
+    uint64_t h = hash_frames(frames, n);
+    for (uint32_t i = (uint32_t)h & (AL_SITE_SLOTS - 1), probes = 0; probes < AL_SITE_SLOTS;
+         i = (i + 1) & (AL_SITE_SLOTS - 1), probes++) {
+        uint32_t id = _al_sampler.slots[i];
+        if (!id) {
+            if (_al_sampler.nsites >= AL_SITES_MAX)
+                return AL_SITES_MAX; /* full: counted as unattributed */
+            id = _al_sampler.nsites++;
+            struct al_site *st = &_al_sampler.sites[id];
+            st->hash = h;
+            st->nframes = n;
+            memcpy(st->frames, frames, n * sizeof *frames);
+            _al_sampler.slots[i] = id + 1;
+            return id;
+        }
+        struct al_site *st = &_al_sampler.sites[id - 1];
+        if (st->hash == h && st->nframes == n && !memcmp(st->frames, frames, n * sizeof *frames))
+            return id - 1;
+    }
+    return AL_SITES_MAX;
+}
+
+static unsigned capture(uintptr_t *frames)
+{
+    void *raw[AL_SITE_FRAMES + 16];
+    int n = unw_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
+    unsigned k = 0;
+    int i = 0;
+    /* Drop our own frames: the stack starts at the program's call of malloc or new. */
+    while (i < n && (uintptr_t)raw[i] >= s.self_lo && (uintptr_t)raw[i] < s.self_hi)
+        i++;
+    for (; i < n && k < AL_SITE_FRAMES; i++)
+        frames[k++] = (uintptr_t)raw[i];
+    return k;
+}
+
+/* ---- the table of live sampled objects (lock held) ------------------------------------------ */
+
+static uint64_t slot_of(uintptr_t a)
+{
+    return ((a >> 3) * 0x9e3779b97f4a7c15ull) >> (64 - SLOT_BITS);
+}
+
+static struct slot *find_slot(uintptr_t a)
+{
+    for (uint64_t i = slot_of(a);; i = (i + 1) & (SLOTS - 1)) {
+        if (s.slots[i].addr == a || !s.slots[i].addr)
+            return &s.slots[i];
+    }
+}
+
+static struct sample *find(uintptr_t a)
+{
+    struct slot *sl = find_slot(a);
+    return sl->addr ? &s.samples[sl->idx] : NULL;
+}
+
+/* Backward-shift deletion from the index: no tombstones, so lookups stay short. */
+static void unindex(struct slot *sl)
+{
+    uint64_t i = (uint64_t)(sl - s.slots);
+    for (uint64_t j = (i + 1) & (SLOTS - 1);; j = (j + 1) & (SLOTS - 1)) {
+        if (!s.slots[j].addr)
+            break;
+        uint64_t home = slot_of(s.slots[j].addr);
+        /* Move j back to i when its home is not in (i, j] (cyclically). */
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            s.slots[i] = s.slots[j];
+            i = j;
+        }
+    }
+    s.slots[i].addr = 0;
+}
+
+static void erase(struct sample *e)
+{
+    unindex(find_slot(e->addr));
+    struct sample *last = &s.samples[--s.nsamples];
+    if (last != e) {
+        *e = *last;
+        find_slot(e->addr)->idx = (uint32_t)(e - s.samples);
+    }
+}
+
+static void forget(struct sample *e, uint64_t now)
+{
+    struct al_site *st = e->site < AL_SITES_MAX ? &_al_sampler.sites[e->site] : &_al_sampler.unattributed;
+    st->live_bytes -= e->bytes;
+    st->live_objects -= e->objects;
+    s.live_bytes -= e->bytes;
+    uint64_t life = now > e->born ? now - e->born : 0;
+    st->life_cycles[_al_hist_bucket(life)]++;
+    st->nlife++;
+    _al_shadow_set_sampled((void *)e->addr, false);
+    erase(e);
+}
+
+/* ---- peak snapshots ------------------------------------------------------------------------ */
+
+/* Bytes of [a, a+n) that are resident, swapped or never touched, from /proc/self/pagemap. */
+static void residency(uintptr_t a, uint64_t n, double out[3])
+{
+    if (s.pagemap < 0)
+        return;
+    uint64_t page = 4096, first = a / page, last = (a + n - 1) / page;
+    uint64_t entries[512];
+    for (uint64_t p = first; p <= last;) {
+        uint64_t k = last - p + 1 < 512 ? last - p + 1 : 512;
+        ssize_t got = pread(s.pagemap, entries, k * 8, (off_t)(p * 8));
+        if (got <= 0)
+            return;
+        k = (uint64_t)got / 8;
+        for (uint64_t j = 0; j < k; j++, p++) {
+            uint64_t lo = p * page > a ? p * page : a;
+            uint64_t hi = (p + 1) * page < a + n ? (p + 1) * page : a + n;
+            unsigned kind = (entries[j] >> 63) & 1 ? 0 : (entries[j] >> 62) & 1 ? 1 : 2;
+            out[kind] += (double)(hi - lo);
+        }
+    }
+}
+
+/* Lock held: where the bytes of the live samples are, from the pagemap, per site. */
+static void measure_residency(void)
+{
+    s.residency_pending = false;
+    if (s.pagemap < 0)
+        s.pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    for (uint32_t i = 0; i < _al_sampler.nsites; i++)
+        memset(_al_sampler.sites[i].at_peak, 0, sizeof _al_sampler.sites[i].at_peak);
+    for (uint64_t i = 0; i < s.nsamples; i++) {
+        struct sample *e = &s.samples[i];
+        if (e->site >= AL_SITES_MAX)
+            continue;
+        double r[3] = { 0, 0, 0 };
+        residency(e->addr, e->size ? e->size : 1, r);
+        /* Scaled like the bytes: the sample stands for bytes/size times its own. */
+        double scale = e->size ? e->bytes / (double)e->size : 0;
+        for (int k = 0; k < 3; k++)
+            _al_sampler.sites[e->site].at_peak[k] += r[k] * scale;
+    }
+}
+
+/* Lock held: the estimated live bytes just passed their previous peak by a MiB. The per-site
+ * live bytes are copied at every new peak. Residency is measured when the peak has grown by
+ * an eighth since it was last measured, and as late as the peak's set of samples stands: at
+ * the next sampled allocation or free, or at the report. Measured at once, the object that
+ * made the peak would always look untouched: its caller has not had it back yet. */
+static void snapshot(uint64_t now)
+{
+    _al_sampler.peak_bytes = s.live_bytes;
+    _al_sampler.peak_time = now;
+    for (uint32_t i = 0; i < _al_sampler.nsites; i++)
+        _al_sampler.sites[i].peak_live_bytes = _al_sampler.sites[i].live_bytes;
+    if (s.live_bytes >= s.residency_peak * 1.125) {
+        s.residency_peak = s.live_bytes;
+        s.residency_pending = true;
+    }
+}
+
+/* ---- the slow paths ----------------------------------------------------------------------- */
+
+static void sample_alloc(struct al_thread *t, size_t size, void *p);
+
+/* The slow paths run inside the program's allocation calls: errno is the allocator's to set,
+ * and the unwinder or the pagemap must not leave theirs behind. */
+AL_NOINLINE void _al_sample_alloc(struct al_thread *t, size_t size, void *p)
+{
+    int saved = errno;
+    sample_alloc(t, size, p);
+    errno = saved;
+}
+
+static void sample_alloc(struct al_thread *t, size_t size, void *p)
+{
+    t->sample_countdown = next_countdown(t);
+    if (!p || !_al_sampler.enabled)
+        return;
+    uintptr_t frames[AL_SITE_FRAMES];
+    unsigned n = capture(frames);
+    uint64_t usable = _al_sampler.usable_size ? _al_sampler.usable_size(p) : size;
+    double prob = -expm1(-((double)size + 1.0) / _al_sampler.rate);
+    double objects = 1.0 / prob, bytes = (double)size / prob;
+    uint64_t now = _al_tsc();
+    lock();
+    if (s.residency_pending)
+        measure_residency();
+    struct sample *old = find((uintptr_t)p);
+    if (old) /* freed behind our back (a realloc racing with its free): forget the old one */
+        forget(old, now);
+    uint32_t id = site_of(frames, n);
+    struct al_site *st = id < AL_SITES_MAX ? &_al_sampler.sites[id] : &_al_sampler.unattributed;
+    if (s.nsamples < SAMPLES_CAP) {
+        struct slot *sl = find_slot((uintptr_t)p);
+        sl->addr = (uintptr_t)p;
+        sl->idx = (uint32_t)s.nsamples;
+        s.samples[s.nsamples++] = (struct sample){ (uintptr_t)p, id, size, usable, now, objects, bytes };
+        _al_shadow_set_sampled(p, true);
+        st->live_bytes += bytes;
+        st->live_objects += objects;
+        s.live_bytes += bytes;
+    } else {
+        _al_sampler.dropped++;
+    }
+    st->alloc_bytes += bytes;
+    st->alloc_objects += objects;
+    st->frag_bytes += (double)(usable > size ? usable - size : 0) * objects;
+    st->count++;
+    if (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || _al_sampler.peak_time == 0)
+        snapshot(now);
+    unlock();
+}
+
+AL_NOINLINE void _al_sample_free(const void *p)
+{
+    int saved = errno;
+    uint64_t now = _al_tsc();
+    lock();
+    struct sample *e = find((uintptr_t)p);
+    if (e && s.residency_pending)
+        measure_residency();
+    if (e)
+        forget(e, now);
+    unlock();
+    errno = saved;
+}
+
+void _al_sampler_collect(struct al_sampler_totals *tot)
+{
+    lock();
+    tot->live_bytes = s.live_bytes;
+    tot->live_samples = s.nsamples;
+    if (s.live_bytes > _al_sampler.peak_bytes)
+        snapshot(_al_tsc());
+    /* Still at the peak: the residency of exactly the peak's samples can be had now. */
+    if (s.residency_pending || (s.live_bytes >= _al_sampler.peak_bytes && s.nsamples))
+        measure_residency();
+    unlock();
+}
+
+void _al_sampler_lock(void)
+{
+    lock();
+}
+
+void _al_sampler_unlock(void)
+{
+    unlock();
+}

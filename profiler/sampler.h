@@ -1,0 +1,65 @@
+/* The allocation-site sampler (sampler.c) and its report (report_sites.c). */
+#ifndef ALLOCLENS_SAMPLER_H
+#define ALLOCLENS_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define AL_SITE_FRAMES 32
+#define AL_SITES_MAX 4096
+#define AL_SITE_SLOTS 8192            /* hash slots of the site table */
+
+struct al_site {
+    uint64_t hash;
+    uint32_t nframes;
+    uintptr_t frames[AL_SITE_FRAMES];  /* return addresses, the program's caller first */
+    double alloc_bytes, alloc_objects; /* estimated over the run */
+    double live_bytes, live_objects;   /* estimated, now */
+    double peak_live_bytes;            /* estimated, at the peak of all live bytes */
+    double frag_bytes;                 /* estimated usable - requested over the run */
+    double at_peak[3];                 /* resident, swapped, never touched bytes at the peak */
+    uint64_t count;                    /* samples taken here */
+    uint64_t nlife;                    /* samples freed, with their lifetimes: */
+    uint32_t life_cycles[AL_HIST_BUCKETS];
+};
+
+struct al_sampler {
+    bool enabled;
+    double rate;
+    uint64_t seed;
+    size_t (*usable_size)(void *);
+    struct al_site *sites;
+    uint32_t nsites;
+    uint32_t *slots;                   /* site id + 1 per hash slot, 0: empty */
+    struct al_site unattributed;       /* samples past AL_SITES_MAX sites */
+    double peak_bytes;
+    uint64_t peak_time;                /* TSC of the peak */
+    uint64_t dropped;                  /* samples not kept (table full) */
+};
+
+struct al_sampler_totals {
+    double live_bytes;
+    uint64_t live_samples;
+};
+
+extern struct al_sampler _al_sampler;
+
+void _al_sampler_init(const struct al_settings *s);
+void _al_sampler_thread_init(struct al_thread *t);
+void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
+void _al_sample_free(const void *p);
+void _al_sampler_collect(struct al_sampler_totals *tot);
+void _al_sampler_lock(void);
+void _al_sampler_unlock(void);
+void _al_sampler_atfork_prepare(void);
+void _al_sampler_atfork_parent(void);
+void _al_sampler_atfork_child(void);
+
+/* report_sites.c */
+struct al_buf;
+void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_image);
+void _al_report_sites_text(struct al_buf *b, double cycles_per_ns);
+void _al_report_pprof(const char *path, uint64_t runtime_ns);
+
+#endif

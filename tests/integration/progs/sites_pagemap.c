@@ -1,0 +1,59 @@
+/* sites_pagemap: one large buffer of which only a quarter is ever touched, live until exit.
+ *
+ * site_touch_quarter allocates 64 MiB and writes its first quarter (16 MiB); the rest is never
+ * read or written, so its pages are never faulted in. The buffer stays live until exit, and
+ * nothing is allocated after it: the peak of live memory is reached by its malloc, before the
+ * quarter is written, and lasts until exit.
+ *
+ * With --after, site_after_touch then allocates 8 MiB more and writes all of it, so the peak
+ * comes only after the quarter was written. Both stay live until exit. The program prints its
+ * truth ("after" is 0 without --after):
+ *
+ *   {"buffer":67108864,"touched":16777216,"after":8388608}
+ *
+ * The buffer is far larger than the sampling rate (p = 1 - e^(-64 MiB / R), 1 for any R of a
+ * few MiB or less), so the site is sampled in every run.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NOINL __attribute__((noinline, noclone))
+#define MiB (1024ul * 1024ul)
+
+static char *volatile buffer, *volatile after;
+
+NOINL static void site_touch_quarter(size_t size, size_t touched)
+{
+    char *p = malloc(size);
+    if (!p)
+        abort();
+    memset(p, 0x5a, touched);
+    buffer = p;
+}
+
+NOINL static void site_after_touch(size_t size)
+{
+    char *p = malloc(size);
+    if (!p)
+        abort();
+    memset(p, 0xa5, size);
+    after = p;
+}
+
+int main(int argc, char **argv)
+{
+    const size_t size = 64 * MiB, touched = size / 4;
+    size_t more = argc > 1 && strcmp(argv[1], "--after") == 0 ? 8 * MiB : 0;
+    char out[256];
+
+    site_touch_quarter(size, touched);
+    if (more)
+        site_after_touch(more);
+    int len = snprintf(out, sizeof out, "{\"buffer\":%zu,\"touched\":%zu,\"after\":%zu}\n",
+                       size, touched, more);
+    if (write(1, out, (size_t)len) != len)
+        return 1;
+    return buffer[0] == 0x5a && (!more || after[0] == (char)0xa5) ? 0 : 1; /* live until exit */
+}
