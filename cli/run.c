@@ -210,7 +210,7 @@ int _al_cli_cmd_run(int argc, char **argv)
 int _al_cli_cmd_demo(int argc, char **argv)
 {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: alloclens demo\n\nProfiles the bundled workload (malloc_bench: 2 threads, mixed sizes)\n"
+        printf("usage: alloclens demo\n\nProfiles the bundled workload (malloc_bench: 4 threads, mixed sizes)\n"
                "under every allocator found and prints each report.\n");
         return 0;
     }

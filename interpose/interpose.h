@@ -42,6 +42,8 @@ static inline size_t _al_mul_size(size_t k, size_t n)
 /* exec.c, threads.c: their forwarding targets, resolved with the rest at start-up */
 void _al_exec_resolve(void);
 void _al_threads_resolve(void);
+void _al_locks_resolve(void);
+void _al_signals_resolve(void);
 
 /* real.c */
 int _al_real_resolve(void);

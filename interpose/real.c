@@ -106,6 +106,8 @@ int _al_real_resolve(void)
     _al_real.malloc_usable_size = (__typeof__(_al_real.malloc_usable_size))dlsym(RTLD_NEXT, "malloc_usable_size");
     _al_exec_resolve();
     _al_threads_resolve();
+    _al_locks_resolve();
+    _al_signals_resolve();
     if (!_al_real.free || !_al_real.calloc || !_al_real.realloc || !_al_real.posix_memalign)
         return -ENOENT;
     return 0;

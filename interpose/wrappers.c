@@ -17,9 +17,11 @@
             _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
             return r;                                                                  \
         }                                                                              \
+        bool counted = _al_call_begin(t, AL_OP_##op, (size) >= _al_large_threshold);   \
         uint64_t c0 = _al_tsc();                                                       \
         void *r = _al_real.sym args;                                                   \
         uint64_t c1 = _al_tsc();                                                       \
+        _al_call_end(t, AL_OP_##op, counted);                                          \
         _al_record_alloc(t, AL_OP_##op, (size), r, c1 - c0);                           \
         return r;                                                                      \
     }
@@ -91,9 +93,11 @@
             return;                                                                    \
         }                                                                              \
         unsigned large = (flags & AL_SHADOW_LARGE) != 0;                               \
+        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
         _al_real.sym args;                                                             \
         uint64_t c1 = _al_tsc();                                                       \
+        _al_call_end(t, AL_OP_##op, counted);                                          \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \
     static AL_NOINLINE void slow_##sym params                                          \
@@ -121,9 +125,12 @@
     static inline __attribute__((always_inline)) int timed_##sym(struct al_thread *t,  \
                                                                  AL_STRIP(params))     \
     {                                                                                  \
+        bool counted = _al_full && _al_call_begin(t, AL_OP_##op, (size) >= _al_large_threshold); \
         uint64_t c0 = _al_tsc();                                                       \
         int rc = _al_real.sym args;                                                    \
         uint64_t c1 = _al_tsc();                                                       \
+        if (_al_full)                                                                  \
+            _al_call_end(t, AL_OP_##op, counted);                                      \
         if (AL_UNLIKELY(!_al_full))                                                    \
             _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);             \
         else                                                                           \

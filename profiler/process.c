@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "profiler.h"
@@ -95,8 +96,30 @@ void _al_process_start(void)
     _al_large_threshold = _al_settings.large_threshold;
     _al_full = !_al_settings.sample_mode;
     _al_sampler_init(&_al_settings);
-    if (t)
+    if (_al_full) {
+        _al_locks_init();
+        if (_al_settings.syscalls)
+            _al_syscalls_init();
+        else
+            snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
+                     "off: --syscalls 1 (ALLOCLENS_SYSCALLS=1) counts them; experimental in this version");
+        if (_al_settings.events) {
+            _al_counters_init(strcmp(_al_settings.events, "default") ? _al_settings.events : NULL,
+                              _al_settings.sample_every);
+        } else {
+            _al_counters.available = false;
+            snprintf(_al_counters.reason, sizeof _al_counters.reason,
+                     "off: --events default (or event names) counts events around 1 op in N");
+        }
+    } else {
+        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason, "not measured in --mode sample");
+        _al_counters.available = false;
+        snprintf(_al_counters.reason, sizeof _al_counters.reason, "not measured in --mode sample");
+    }
+    if (t) {
         _al_sampler_thread_init(t);
+        _al_thread_measure_init(t);
+    }
     if (_al_settings.main_pid == 0) {
         /* Used without the CLI: this process is the main one; its children will know. */
         char pid[24];

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "alloc_config.h"
+#include "counters.h"
 #include "shadow.h"
 
 struct al_thread;
@@ -158,6 +159,9 @@ enum al_opt_id {
     AL_OPT_SAMPLE_RATE,
     AL_OPT_SEED,
     AL_OPT_PPROF,
+    AL_OPT_EVENTS,
+    AL_OPT_SAMPLE_EVERY,
+    AL_OPT_SYSCALLS,
     AL_OPT_ALLOCATOR,
     AL_OPT_MAIN_PID,
     AL_OPT_N
@@ -179,9 +183,12 @@ struct al_settings {
     uint64_t sample_rate;   /* mean bytes between sampled allocations; 0: no sampling */
     uint64_t seed;          /* 0: a fresh seed each run */
     const char *pprof;      /* pprof heap profile path, or NULL */
+    const char *events;     /* events to count, or NULL for the default set */
+    unsigned sample_every;  /* count events around 1 op in N */
+    bool syscalls;          /* count the allocator's system calls (syscall user dispatch) */
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
-    char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096], pprof_buf[4096];
+    char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096], pprof_buf[4096], events_buf[1024];
 };
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the
@@ -196,8 +203,59 @@ struct al_row {
     uint64_t cycles; /* overhead-corrected cycles, summed */
 };
 
+/* ---- syscalls.c: the allocator's own system calls ------------------------------------------ */
+
+enum { AL_SYS_MMAP, AL_SYS_MUNMAP, AL_SYS_MREMAP, AL_SYS_BRK, AL_SYS_MADVISE, AL_SYS_MPROTECT,
+       AL_SYS_FUTEX, AL_SYS_N };
+
+#ifndef SYSCALL_DISPATCH_FILTER_ALLOW
+#define SYSCALL_DISPATCH_FILTER_ALLOW 0
+#define SYSCALL_DISPATCH_FILTER_BLOCK 1
+#endif
+
+/* Per thread, by kind and by the op * 2 + large being served. */
+struct al_thread_syscalls {
+    uint64_t count[AL_SYS_N][AL_OP_COUNT * 2];
+    uint64_t cycles[AL_SYS_N][AL_OP_COUNT * 2];
+    uint64_t futex_waits;
+};
+
+struct al_syscalls_state {
+    bool dispatch;           /* syscall user dispatch works here */
+    bool fallback;           /* it does not: libc wrappers count instead */
+    bool handler_installed;
+    char reason[256];
+};
+
+extern struct al_syscalls_state _al_syscalls;
+
+/* ---- locks.c: lock acquisitions inside allocator calls --------------------------------------- */
+
+#define AL_LOCKS_MAX 1024
+#define AL_HELD_MAX 8
+
+struct al_lock_stats {
+    _Atomic uintptr_t id;    /* the lock's address; 0: free slot */
+    _Atomic uint64_t acquisitions, contended, wait_cycles, hold_cycles;
+};
+
+struct al_held {
+    const void *lock;
+    uint64_t since;
+};
+
+extern struct al_lock_stats *_al_locks;
+
 struct al_thread {
     int busy;        /* inside an interposed call: nested calls are forwarded, not counted */
+    unsigned in_call;        /* inside the real allocator call: op * 2 + large + 1; else 0 */
+    char sud_selector;       /* syscall user dispatch: block while in_call */
+    unsigned nheld;
+    struct al_held held[AL_HELD_MAX];
+    struct al_thread_counters ctr;
+    uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
+    uint64_t ctr_ops[AL_OP_COUNT];
+    struct al_thread_syscalls sys;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
     int64_t sample_countdown; /* bytes until the next sampled allocation */
     uint64_t rng;             /* this thread's generator for the countdowns */
@@ -210,6 +268,7 @@ extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec
 extern _Atomic int _al_live_threads;
 
 struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
+void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */
 void _al_thread_spawn_failed(void);
 void _al_thread_started(struct al_thread *t);
@@ -223,9 +282,17 @@ struct al_thread_totals {
     uint64_t serial_cycles, parallel_cycles;
 };
 
+/* What the threads measured besides the ops rows: syscalls, event counts. */
+struct al_measure_totals {
+    struct al_thread_syscalls sys;
+    uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
+    uint64_t ctr_ops[AL_OP_COUNT];
+};
+
 /* Sums every thread's rows and histograms (those that exited and those still running) into
  * the caller's arrays. */
-void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot);
+void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
+                         struct al_measure_totals *extra);
 
 /* ---- record.c: the hot path and its rare work ---------------------------------------------- */
 
@@ -263,6 +330,40 @@ AL_INLINE unsigned _al_phase_now(void)
 {
     return atomic_load_explicit(&_al_live_threads, memory_order_relaxed) > 1;
 }
+
+/* Around the real allocator call: what the SIGSYS handler and the lock wrappers need to know
+ * (which op, small or large), the syscall selector, and the 1-in-N event counting. */
+AL_INLINE bool _al_call_begin(struct al_thread *t, unsigned op, unsigned large)
+{
+    t->in_call = op * 2 + large + 1;
+    bool counted = _al_counters_due(&t->ctr);
+    if (AL_UNLIKELY(counted))
+        _al_counters_before(&t->ctr);
+    t->sud_selector = SYSCALL_DISPATCH_FILTER_BLOCK;
+    return counted;
+}
+
+AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted)
+{
+    t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    t->in_call = 0;
+    if (AL_UNLIKELY(counted)) {
+        _al_counters_after(&t->ctr, t->ctr_sums[op]);
+        AL_BUMP(t->ctr_ops[op], 1);
+    }
+}
+
+const char *_al_syscall_name(unsigned kind);
+void _al_syscall_account(struct al_thread *t, int kind, uint64_t cycles, bool futex_wait);
+void _al_syscalls_init(void);
+void _al_syscalls_thread_init(struct al_thread *t);
+bool _al_syscalls_owns_sigsys(void);
+struct sigaction;
+int _al_syscalls_program_sigaction(const struct sigaction *act, struct sigaction *old);
+
+void _al_lock_acquired(struct al_thread *t, const void *lock, bool contended, uint64_t wait, uint64_t now);
+void _al_lock_released(struct al_thread *t, const void *lock, uint64_t now);
+void _al_locks_init(void);
 
 /* --mode full (the default) times every call and tracks every address; --mode sample only
  * counts calls and samples allocation sites. */
@@ -369,6 +470,7 @@ struct al_report {
     struct al_allocator_info allocator;
     uint64_t large_threshold;
     struct al_thread_totals threads;
+    struct al_measure_totals measure;
     struct al_row rows[AL_ROWS];
     uint64_t *hist;        /* AL_ROWS x AL_HIST_BUCKETS */
     bool first_excluded;

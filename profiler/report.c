@@ -69,7 +69,7 @@ static void gather(struct al_report *r, bool has_status, int status)
     r->runtime_ns = now.ns - image_start.ns;
     r->allocator = _al_allocator;
     r->large_threshold = _al_large_threshold;
-    _al_threads_collect(r->rows, r->hist, &r->threads);
+    _al_threads_collect(r->rows, r->hist, &r->threads, &r->measure);
     if (atomic_load(&_al_first.taken)) {
         r->first_excluded = true;
         r->first_row = _al_first.row;

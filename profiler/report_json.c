@@ -115,6 +115,119 @@ static void ops(struct al_buf *b, const struct al_report *r)
     _al_buf_puts(b, "\n  ],\n");
 }
 
+static void counters(struct al_buf *b, const struct al_report *r)
+{
+    const struct al_counters_config *c = &_al_counters;
+    if (!c->available) {
+        unavailable(b, "counters", c->reason[0] ? c->reason : "event counting was not set up", false);
+        return;
+    }
+    _al_buf_printf(b, "  \"counters\": { \"available\": true, \"source\": \"%s\", \"sample_every\": %u, ",
+                   c->software ? "software" : "hardware", c->sample_every);
+    if (c->reason[0]) {
+        _al_buf_puts(b, "\"reason\": ");
+        _al_buf_json_str(b, c->reason);
+        _al_buf_puts(b, ", ");
+    }
+    _al_buf_puts(b, "\"counted_ops\": {");
+    bool first = true;
+    for (unsigned op = 0; op < AL_OP_COUNT; op++) {
+        if (!r->measure.ctr_ops[op])
+            continue;
+        _al_buf_printf(b, "%s \"%s\": %llu", first ? "" : ",", _al_op_name(op),
+                       (unsigned long long)r->measure.ctr_ops[op]);
+        first = false;
+    }
+    _al_buf_puts(b, " },\n    \"events\": [");
+    for (unsigned e = 0; e < c->nevents; e++) {
+        _al_buf_printf(b, "%s\n      { \"name\": ", e ? "," : "");
+        _al_buf_json_str(b, c->events[e].name);
+        _al_buf_puts(b, ", \"per_op\": {");
+        first = true;
+        for (unsigned op = 0; op < AL_OP_COUNT; op++) {
+            if (!r->measure.ctr_ops[op])
+                continue;
+            _al_buf_printf(b, "%s \"%s\": %.4f", first ? "" : ",", _al_op_name(op),
+                           (double)r->measure.ctr_sums[op][e] / (double)r->measure.ctr_ops[op]);
+            first = false;
+        }
+        _al_buf_puts(b, " } }");
+    }
+    _al_buf_puts(b, " ] },\n");
+}
+
+static void syscalls(struct al_buf *b, const struct al_report *r)
+{
+    const struct al_thread_syscalls *s = &r->measure.sys;
+    _al_buf_puts(b, "  \"syscalls\": [");
+    bool any = false;
+    for (unsigned k = 0; k < AL_SYS_N; k++) {
+        uint64_t count = 0, cycles = 0;
+        for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {
+            count += s->count[k][i];
+            cycles += s->cycles[k][i];
+        }
+        _al_buf_printf(b, "%s\n    { \"name\": \"%s\", \"count\": %llu, \"cycles_total\": %llu, \"ns_total\": %.0f, \"by_op\": {",
+                       any ? "," : "", _al_syscall_name(k), (unsigned long long)count, (unsigned long long)cycles,
+                       to_ns(r, (double)cycles));
+        any = true;
+        bool first = true;
+        for (unsigned op = 0; op < AL_OP_COUNT; op++) {
+            uint64_t n = s->count[k][op * 2] + s->count[k][op * 2 + 1];
+            if (!n)
+                continue;
+            _al_buf_printf(b, "%s \"%s\": %llu", first ? "" : ",", _al_op_name(op), (unsigned long long)n);
+            first = false;
+        }
+        _al_buf_puts(b, " }, \"by_op_size_class\": {");
+        first = true;
+        for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {
+            if (!s->count[k][i])
+                continue;
+            _al_buf_printf(b, "%s \"%s/%s\": %llu", first ? "" : ",", _al_op_name(i / 2), i % 2 ? "large" : "small",
+                           (unsigned long long)s->count[k][i]);
+            first = false;
+        }
+        _al_buf_puts(b, " } }");
+    }
+    _al_buf_puts(b, "\n  ],\n  \"syscalls_info\": { \"available\": ");
+    if (_al_syscalls.dispatch) {
+        _al_buf_puts(b, "true, \"source\": \"syscall user dispatch\" },\n");
+    } else if (_al_syscalls.fallback) {
+        _al_buf_puts(b, "true, \"source\": \"libc wrappers\", \"reason\": ");
+        _al_buf_json_str(b, _al_syscalls.reason);
+        _al_buf_puts(b, " },\n");
+    } else {
+        _al_buf_puts(b, "false, \"reason\": ");
+        _al_buf_json_str(b, _al_syscalls.reason[0] ? _al_syscalls.reason : "not set up");
+        _al_buf_puts(b, " },\n");
+    }
+}
+
+static void locks(struct al_buf *b, const struct al_report *r)
+{
+    if (!_al_locks) {
+        unavailable(b, "locks", _al_full ? "no memory for the lock table" : "not measured in --mode sample", false);
+        return;
+    }
+    _al_buf_puts(b, "  \"locks\": { \"available\": true, \"scope\": \"pthread mutexes and spin locks taken "
+                    "inside allocator calls; allocators with private locks show futex_waits instead\", \"locks\": [");
+    bool first = true;
+    for (unsigned i = 0; i < AL_LOCKS_MAX; i++) {
+        const struct al_lock_stats *l = &_al_locks[i];
+        uintptr_t id = atomic_load(&l->id);
+        if (!id)
+            continue;
+        _al_buf_printf(b, "%s\n    { \"id\": \"0x%lx\", \"acquisitions\": %llu, \"contended\": %llu, "
+                       "\"wait_cycles\": %llu, \"hold_cycles\": %llu }",
+                       first ? "" : ",", (unsigned long)id, (unsigned long long)atomic_load(&l->acquisitions),
+                       (unsigned long long)atomic_load(&l->contended), (unsigned long long)atomic_load(&l->wait_cycles),
+                       (unsigned long long)atomic_load(&l->hold_cycles));
+        first = false;
+    }
+    _al_buf_printf(b, "\n  ], \"futex_waits\": %llu },\n", (unsigned long long)r->measure.sys.futex_waits);
+}
+
 void _al_report_json(struct al_buf *b, const struct al_report *r)
 {
     _al_buf_puts(b, "{\n  \"schema\": \"alloclens-report/1\",\n");
@@ -141,12 +254,11 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
     _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": %llu },\n",
                    r->cycles_per_ns, (unsigned long long)_al_tsc_overhead);
     _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu },\n", (unsigned long long)r->profiler_bytes);
-    unavailable(b, "counters", "hardware and software event counting is not in this build yet", false);
+    counters(b, r);
     _al_buf_puts(b, "  \"memory\": { \"available\": false, \"reason\": \"memory waste accounting is not in "
                     "this build yet\", \"peak\": null, \"final\": null },\n");
-    _al_buf_puts(b, "  \"syscalls\": [],\n  \"syscalls_info\": { \"available\": false, \"reason\": "
-                    "\"syscall accounting is not in this build yet\" },\n");
-    unavailable(b, "locks", "lock accounting is not in this build yet", false);
+    syscalls(b, r);
+    locks(b, r);
     unavailable(b, "friendliness", "access sampling is not in this build yet", false);
     _al_report_sites_json(b, r->cycles_per_ns, r->main_image);
     _al_buf_puts(b, "}\n");

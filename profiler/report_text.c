@@ -87,10 +87,52 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
         _al_buf_printf(b, "(the process's first call, a %s, took %llu cycles: counted above, kept out of the times)\n",
                        _al_op_name(op), (unsigned long long)r->first_cycles);
     }
-    _al_buf_puts(b, "\ncounters     unavailable: event counting is not in this build yet\n"
-                    "memory       unavailable: memory waste accounting is not in this build yet\n"
-                    "syscalls     unavailable: syscall accounting is not in this build yet\n"
-                    "locks        unavailable: lock accounting is not in this build yet\n");
+    const struct al_counters_config *c = &_al_counters;
+    if (c->available) {
+        _al_buf_printf(b, "\ncounters     %s events, 1 op in %u%s%s\n", c->software ? "software" : "hardware",
+                       c->sample_every, c->reason[0] ? ": " : "", c->reason);
+        for (unsigned e = 0; e < c->nevents; e++) {
+            _al_buf_printf(b, "  %-22s", c->events[e].name);
+            for (unsigned op = 0; op < AL_OP_COUNT; op++)
+                if (r->measure.ctr_ops[op])
+                    _al_buf_printf(b, " %s %.2f", _al_op_name(op),
+                                   (double)r->measure.ctr_sums[op][e] / (double)r->measure.ctr_ops[op]);
+            _al_buf_puts(b, "  (per op)\n");
+        }
+    } else {
+        _al_buf_printf(b, "\ncounters     unavailable: %s\n", c->reason);
+    }
+    _al_buf_puts(b, "memory       unavailable: memory waste accounting is not in this build yet\n");
+    if (_al_syscalls.dispatch || _al_syscalls.fallback) {
+        _al_buf_printf(b, "syscalls     inside allocator calls (%s):", _al_syscalls.dispatch ? "syscall user dispatch" : "libc wrappers only");
+        for (unsigned k = 0; k < AL_SYS_N; k++) {
+            uint64_t n = 0, cyc = 0;
+            for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {
+                n += r->measure.sys.count[k][i];
+                cyc += r->measure.sys.cycles[k][i];
+            }
+            if (n)
+                _al_buf_printf(b, " %s %llu (%.1f us)", _al_syscall_name(k), (unsigned long long)n, ns(r, (double)cyc) / 1e3);
+        }
+        _al_buf_puts(b, "\n");
+    } else {
+        _al_buf_printf(b, "syscalls     unavailable: %s\n", _al_syscalls.reason);
+    }
+    if (_al_locks) {
+        uint64_t acq = 0, cont = 0, wait = 0;
+        unsigned nlocks = 0;
+        for (unsigned i = 0; i < AL_LOCKS_MAX; i++) {
+            if (!atomic_load(&_al_locks[i].id))
+                continue;
+            nlocks++;
+            acq += atomic_load(&_al_locks[i].acquisitions);
+            cont += atomic_load(&_al_locks[i].contended);
+            wait += atomic_load(&_al_locks[i].wait_cycles);
+        }
+        _al_buf_printf(b, "locks        %u pthread locks taken in allocator calls: %llu acquisitions, %llu contended "
+                       "(%.1f us waiting); futex waits %llu\n", nlocks, (unsigned long long)acq,
+                       (unsigned long long)cont, ns(r, (double)wait) / 1e3, (unsigned long long)r->measure.sys.futex_waits);
+    }
     _al_report_sites_text(b, r->cycles_per_ns);
     _al_buf_printf(b, "profiler     %.1f MiB mapped for its own state\n\n", (double)r->profiler_bytes / 1048576.0);
 }

@@ -31,6 +31,7 @@ static struct {
     struct al_row rows[AL_ROWS];   /* exited threads */
     uint64_t *hist;                /* exited threads */
     uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row */
+    struct al_measure_totals extra; /* exited threads */
     uint64_t total, max_live;
     uint64_t phase_since;
     uint64_t serial_cycles, parallel_cycles;
@@ -69,9 +70,34 @@ static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row
     }
 }
 
+static void add_extra(struct al_measure_totals *d, const struct al_thread *t)
+{
+    for (unsigned k = 0; k < AL_SYS_N; k++)
+        for (unsigned s = 0; s < AL_OP_COUNT * 2; s++) {
+            d->sys.count[k][s] += AL_READ(t->sys.count[k][s]);
+            d->sys.cycles[k][s] += AL_READ(t->sys.cycles[k][s]);
+        }
+    d->sys.futex_waits += AL_READ(t->sys.futex_waits);
+    for (unsigned op = 0; op < AL_OP_COUNT; op++) {
+        d->ctr_ops[op] += AL_READ(t->ctr_ops[op]);
+        for (unsigned e = 0; e < AL_MAX_EVENTS; e++)
+            d->ctr_sums[op][e] += AL_READ(t->ctr_sums[op][e]);
+    }
+}
+
+void _al_thread_measure_init(struct al_thread *t)
+{
+    _al_syscalls_thread_init(t);
+    t->ctr.countdown = _al_counters.available ? _al_counters.sample_every : 0;
+}
+
 static void clear_state(struct al_thread *t)
 {
     memset(t->rows, 0, sizeof t->rows);
+    memset(&t->sys, 0, sizeof t->sys);
+    memset(t->ctr_sums, 0, sizeof t->ctr_sums);
+    memset(t->ctr_ops, 0, sizeof t->ctr_ops);
+    t->nheld = 0;
     for (unsigned i = 0; i < AL_ROWS; i++)
         if (t->hist[i])
             memset(t->hist[i], 0, ROW_HIST_BYTES);
@@ -116,6 +142,7 @@ static void thread_exit(void *arg)
     t->busy = 1;
     lock();
     add_rows(reg.rows, reg.hist, t->rows, t->hist);
+    add_extra(&reg.extra, t);
     for (struct al_thread **pp = &reg.live; *pp; pp = &(*pp)->next) {
         if (*pp == t) {
             *pp = t->next;
@@ -126,6 +153,8 @@ static void thread_exit(void *arg)
         int before = atomic_fetch_sub_explicit(&_al_live_threads, 1, memory_order_relaxed);
         phase_account(before);
     }
+    /* Before the state can be handed to a new thread, which must not read these fds. */
+    _al_counters_thread_close(&t->ctr);
     clear_state(t);
     t->next = reg.spare;
     reg.spare = t;
@@ -157,6 +186,7 @@ struct al_thread *_al_thread_attach(void)
     }
     t->busy = 1;
     _al_sampler_thread_init(t);
+    _al_thread_measure_init(t);
     _al_tls = t;
     lock();
     t->next = reg.live;
@@ -213,6 +243,8 @@ void _al_threads_after_fork_child(void)
     reg.live = NULL;
     while (t) {
         struct al_thread *next = t->next;
+        /* The counters count the parent's threads (and their rdpmc pages are not copied). */
+        _al_counters_thread_close(&t->ctr);
         clear_state(t);
         if (t == self) {
             t->next = reg.live;
@@ -224,6 +256,7 @@ void _al_threads_after_fork_child(void)
         t = next;
     }
     memset(reg.rows, 0, sizeof reg.rows);
+    memset(&reg.extra, 0, sizeof reg.extra);
     if (reg.hist)
         memset(reg.hist, 0, HIST_BYTES);
     atomic_store_explicit(&_al_live_threads, 1, memory_order_relaxed);
@@ -233,12 +266,16 @@ void _al_threads_after_fork_child(void)
     unlock();
 }
 
-void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot)
+void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
+                         struct al_measure_totals *extra)
 {
     lock();
     add_rows(rows, hist, reg.rows, reg.hist_rows);
-    for (struct al_thread *t = reg.live; t; t = t->next)
+    *extra = reg.extra;
+    for (struct al_thread *t = reg.live; t; t = t->next) {
         add_rows(rows, hist, t->rows, t->hist);
+        add_extra(extra, t);
+    }
     int live = atomic_load_explicit(&_al_live_threads, memory_order_relaxed);
     phase_account(live);
     tot->total = reg.total;

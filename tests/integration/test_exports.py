@@ -18,7 +18,9 @@ with open(entries) as f:
         if m:
             expected.add(m.group(1))
 expected |= {"malloc_usable_size", "pthread_create", "execve", "execvpe", "execv", "execvp",
-             "fexecve", "execl", "execlp", "execle"}
+             "fexecve", "execl", "execlp", "execle", "pthread_mutex_lock", "pthread_mutex_trylock",
+             "pthread_mutex_unlock", "pthread_spin_lock", "pthread_spin_trylock", "pthread_spin_unlock",
+             "sigaction", "signal", "sigprocmask", "pthread_sigmask"}
 
 out = subprocess.run(["nm", "-D", "--defined-only", so], check=True, capture_output=True, text=True).stdout
 exported = set()

@@ -1,0 +1,633 @@
+#!/usr/bin/env python3
+"""alloclens overhead benchmark: plain vs profiled, side by side, in one run.
+
+    bench/overhead.py --build BUILD_DIR [--allocators glibc,jemalloc,...] [--runs 5]
+                      [--alloclens-args "..."] [--skip-redis] [--quick] [-v]
+
+For each allocator that `BUILD/cli/alloclens allocators` finds (or those named with
+--allocators), it measures three workloads, each plain and under `alloclens run`, alternating
+plain/profiled run by run, and takes the median of each side:
+
+  malloc_bench T threads   our malloc-heavy workload (bench/malloc_bench.c); its own work time
+  malloc_bench 1 thread    the same on one thread, where the added cost per call is direct
+  malloc+free pair         rdtsc_cost's tight malloc(32)+free loop (a micro-benchmark)
+  redis                    redis-server under redis-benchmark; requests per second
+
+"Plain" runs the program with the allocator preloaded alone (LD_PRELOAD=its path), so both
+sides use the same allocator; glibc needs no preload for our programs, but redis-server is
+linked with jemalloc, so for redis glibc's libc is preloaded to make it the allocator.
+
+Ratios: profiled/plain for times, plain/profiled for requests per second (so > 1 is overhead).
+Added ns per call: (t_profiled - t_plain) * min(T, ncpus) / calls, because T threads on ncpus
+CPUs spend the wall time on min(T, ncpus) CPUs at once; with one thread it is simply
+(t_profiled - t_plain) / calls. The benchmark reports; it exits 0 whether targets are met or not.
+Standard library only.
+"""
+import argparse
+import ctypes.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET_RATIO_MALLOC = 1.5
+TARGET_RATIO_REDIS = 1.05
+TARGET_NS_PER_CALL = 25.0
+
+REDIS_TESTS = "set,get,incr,lpush,lpop"
+
+# Expected relative length of each workload's runs, for sharing out the time budget.
+W_MT, W_1T, W_PAIR, W_REDIS = 1.0, 0.7, 0.5, 6.0
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+class RunError(Exception):
+    pass
+
+
+def clean_env(preload=None):
+    """The environment for a measured program: no inherited preload or alloclens settings."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "LD_PRELOAD" and not k.startswith("ALLOCLENS_")}
+    if preload:
+        env["LD_PRELOAD"] = preload
+    return env
+
+
+def tail(text, n=6):
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = (text or "").strip().splitlines()
+    return "\n".join("    " + l for l in lines[-n:])
+
+
+def kv_line(text):
+    """The key=value fields of the last line that has any."""
+    for line in reversed(text.strip().splitlines()):
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields:
+            return fields
+    return {}
+
+
+# --------------------------------------------------------------------------- allocators
+
+def find_allocators(cli):
+    """[(name, path)] from `alloclens allocators` (lines name<TAB>path<TAB>version)."""
+    out = subprocess.run([cli, "allocators"], capture_output=True, text=True, timeout=60,
+                         env=clean_env())
+    if out.returncode != 0:
+        raise RunError(f"`{cli} allocators` failed ({out.returncode}):\n{tail(out.stderr)}")
+    found = []
+    for line in out.stdout.splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 2 and fields[0].strip():
+            found.append((fields[0].strip(), fields[1].strip()))
+    return found
+
+
+def fallback_allocators():
+    """Without a built CLI: glibc plus whatever the dynamic linker knows (plain side only)."""
+    found = [("glibc", ctypes.util.find_library("c") or "libc.so.6")]
+    for name, lib in (("jemalloc", "jemalloc"), ("tcmalloc", "tcmalloc"),
+                      ("mimalloc", "mimalloc")):
+        soname = ctypes.util.find_library(lib)
+        if soname:
+            found.append((name, soname))
+    return found
+
+
+def is_glibc(name, path):
+    return name == "glibc" or os.path.basename(path).startswith("libc.so")
+
+
+# --------------------------------------------------------------------------- one run
+
+def kill_group(proc):
+    """Kills the process group that `proc` leads (started with start_new_session) and reaps it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate() if proc.stdout else proc.wait()
+
+
+class Bench:
+    def __init__(self, args, cli, tmpdir):
+        self.args = args
+        self.cli = cli
+        self.tmpdir = tmpdir
+        self.extra = shlex.split(args.alloclens_args or "")
+        self.json_path = os.path.join(tmpdir, "report.json")
+        self.text_path = os.path.join(tmpdir, "report.txt")
+
+    def profiled_argv(self, alloc, cmd):
+        for p in (self.json_path, self.text_path):
+            if os.path.exists(p):
+                os.unlink(p)
+        return [self.cli, "run", "-a", alloc, "-o", self.json_path, "--text", self.text_path,
+                *self.extra, "--", *cmd]
+
+    def report_calls(self):
+        """Allocation calls the profiler counted in the last profiled run, or None."""
+        try:
+            with open(self.json_path) as f:
+                rep = json.load(f)
+            return sum(int(op.get("count", 0)) for op in rep.get("ops", []))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+    def run_program(self, argv, env, what, timeout):
+        # Its own session, so a timeout takes down whatever it started as well.
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            raise RunError(f"{what}: timed out after {timeout} s")
+        if proc.returncode != 0:
+            raise RunError(f"{what}: exit status {proc.returncode}\n{tail(err)}")
+        fields = kv_line(out)
+        if not fields:
+            raise RunError(f"{what}: no result line on stdout\n{tail(out)}\n{tail(err)}")
+        return fields
+
+
+def alternate(runs, plain_fn, prof_fn, label, have_prof, deadline=None):
+    """Runs plain, profiled, plain, profiled, ... `runs` of each; returns (plain, prof) lists.
+
+    A failed profiled run stops the profiled side (the error is kept); plain keeps going.
+    Past `deadline` (time.monotonic()) no new pair starts once one pair is done.
+    """
+    plain, prof, err = [], [], None
+    for i in range(runs):
+        if i > 0 and deadline is not None and time.monotonic() > deadline:
+            log(f"  {label}: time budget spent, {i} of {runs} runs")
+            break
+        log(f"  {label}: run {i + 1}/{runs}")
+        plain.append(plain_fn())
+        if have_prof and err is None:
+            try:
+                prof.append(prof_fn())
+            except (RunError, KeyError, ValueError, OSError, subprocess.SubprocessError) as e:
+                err = str(e)
+                log(f"  {label}: profiled run failed: {err}")
+    return plain, prof, err
+
+
+# --------------------------------------------------------------------------- malloc_bench
+
+def bench_malloc(b, name, path, threads, ops):
+    args = b.args
+    cmd = [b.malloc_bench, str(threads), str(ops), str(args.seed)]
+    env_plain = clean_env(None if is_glibc(name, path) else path)
+    calls_seen = set()
+    counted = []
+
+    def plain():
+        f = b.run_program(cmd, env_plain, f"{name} malloc_bench plain", 300)
+        calls_seen.add(int(f["calls"]))
+        return int(f["elapsed_ns"])
+
+    def prof():
+        f = b.run_program(b.profiled_argv(name, cmd), clean_env(),
+                          f"{name} malloc_bench under alloclens", 300)
+        calls_seen.add(int(f["calls"]))
+        counted.append(b.report_calls())
+        return int(f["elapsed_ns"])
+
+    label = f"{name} malloc_bench {threads}T"
+    p, q, err = alternate(args.runs, plain, prof, label, b.cli is not None,
+                          b.deadline)
+    row = {"allocator": name, "workload": f"malloc_bench {threads}T", "unit": "ms",
+           "kind": "time", "threads": threads, "par": min(threads, b.ncpus), "error": err,
+           "notes": []}
+    if len(calls_seen) != 1:
+        row["notes"].append(f"call counts differed between runs: {sorted(calls_seen)}")
+    calls = max(calls_seen)
+    row["calls"] = calls
+    row["plain"] = statistics.median(p) / 1e6
+    row["plain_runs"] = [x / 1e6 for x in p]
+    if q:
+        row["profiled"] = statistics.median(q) / 1e6
+        row["profiled_runs"] = [x / 1e6 for x in q]
+        row["ratio"] = row["profiled"] / row["plain"]
+        par = min(threads, b.ncpus)
+        row["added_ns"] = (statistics.median(q) - statistics.median(p)) * par / calls
+        row["target_ratio"] = TARGET_RATIO_MALLOC
+        row["target_ns"] = TARGET_NS_PER_CALL
+        seen = [c for c in counted if c is not None]
+        if seen and min(seen) < calls:
+            row["notes"].append(f"alloclens counted {min(seen)} calls, the program made "
+                                f"{calls}")
+    return row
+
+
+def bench_pair(b, name, path):
+    """rdtsc_cost's malloc(32)+free loop plain and profiled; also the rdtsc pair figure."""
+    args = b.args
+    cmd = [b.rdtsc_cost, str(args.pair_reps), str(args.pair_iters)]
+    env_plain = clean_env(None if is_glibc(name, path) else path)
+    tsc = []
+
+    def plain():
+        f = b.run_program(cmd, env_plain, f"{name} rdtsc_cost plain", 120)
+        tsc.append(float(f["rdtsc_pair_ns"]))
+        return float(f["malloc_free_pair_ns"])
+
+    def prof():
+        f = b.run_program(b.profiled_argv(name, cmd), clean_env(),
+                          f"{name} rdtsc_cost under alloclens", 120)
+        return float(f["malloc_free_pair_ns"])
+
+    p, q, err = alternate(args.runs, plain, prof, f"{name} malloc+free pair", b.cli is not None,
+                          b.deadline)
+    row = {"allocator": name, "workload": "malloc+free pair", "unit": "ns", "kind": "time",
+           "error": err, "notes": [], "plain": statistics.median(p), "plain_runs": p,
+           "rdtsc_pair_ns": statistics.median(tsc)}
+    if q:
+        row["profiled"] = statistics.median(q)
+        row["profiled_runs"] = q
+        row["ratio"] = row["profiled"] / row["plain"]
+        row["added_ns"] = (row["profiled"] - row["plain"]) / 2    # two calls per pair
+        row["target_ns"] = TARGET_NS_PER_CALL
+    return row
+
+
+# --------------------------------------------------------------------------- redis
+
+RPS_RE = re.compile(r"^\s*([A-Za-z_]+[^:]*):\s+([\d.]+) requests per second")
+
+
+def pin_to(cpu):
+    """A preexec_fn that pins the child to one CPU (None: no pinning)."""
+    if cpu is None:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_ping(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def stop(proc, port, tools):
+    if proc.poll() is None and port:
+        subprocess.run([tools["redis-cli"], "-h", "127.0.0.1", "-p", str(port),
+                        "shutdown", "nosave"], capture_output=True, timeout=15,
+                       env=clean_env())
+    try:
+        proc.wait(timeout=60)      # under alloclens this includes writing the report
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+
+
+def redis_once(b, tools, name, argv_fn, env, what):
+    port = free_port()
+    server = [tools["redis-server"], "--port", str(port), "--bind", "127.0.0.1",
+              "--save", "", "--appendonly", "no", "--daemonize", "no",
+              "--dir", b.tmpdir, "--logfile", ""]
+    logf = open(os.path.join(b.tmpdir, "redis.log"), "w+")
+    proc = subprocess.Popen(argv_fn(server), env=env, stdout=logf, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=pin_to(b.server_cpu))
+    try:
+        deadline = time.monotonic() + 60
+        while not redis_ping(port):
+            if proc.poll() is not None:
+                logf.seek(0)
+                raise RunError(f"{what}: redis-server exited ({proc.returncode})\n"
+                               f"{tail(logf.read())}")
+            if time.monotonic() > deadline:
+                raise RunError(f"{what}: redis-server did not answer within 60 s")
+            time.sleep(0.05)
+        bench = [tools["redis-benchmark"], "-h", "127.0.0.1", "-p", str(port),
+                 "-n", str(b.args.redis_requests), "-q", "-t", REDIS_TESTS, "-P", "1"]
+        try:
+            out = subprocess.run(bench, capture_output=True, text=True, timeout=300,
+                                 env=clean_env(), preexec_fn=pin_to(b.client_cpu))
+        except subprocess.TimeoutExpired:
+            raise RunError(f"{what}: redis-benchmark timed out after 300 s")
+        rps = {}
+        for line in re.split(r"[\r\n]+", out.stdout):
+            m = RPS_RE.match(line)
+            if m:
+                rps[m.group(1).strip()] = float(m.group(2))
+        if out.returncode != 0 or len(rps) < len(REDIS_TESTS.split(",")):
+            raise RunError(f"{what}: redis-benchmark gave {len(rps)} results "
+                           f"(exit {out.returncode})\n{tail(out.stdout)}\n{tail(out.stderr)}")
+        # Every test sends the same number of requests: overall rate = harmonic mean.
+        return len(rps) / sum(1.0 / r for r in rps.values()), rps
+    finally:
+        stop(proc, port, tools)
+        logf.close()
+
+
+def bench_redis(b, tools, name, path):
+    args = b.args
+    # redis-server is linked with jemalloc: preload the allocator for every one, glibc too.
+    env_plain = clean_env(path)
+    counted = []
+
+    def plain():
+        return redis_once(b, tools, name, lambda cmd: cmd, env_plain,
+                          f"{name} redis plain")[0]
+
+    def prof():
+        r = redis_once(b, tools, name, lambda cmd: b.profiled_argv(name, cmd), clean_env(),
+                       f"{name} redis under alloclens")[0]
+        counted.append(b.report_calls())
+        return r
+
+    p, q, err = alternate(args.runs, plain, prof, f"{name} redis", b.cli is not None,
+                          b.deadline)
+    row = {"allocator": name, "workload": "redis (req/s)", "unit": "req/s", "kind": "rate",
+           "error": err, "notes": [], "plain": statistics.median(p), "plain_runs": p}
+    if q:
+        row["profiled"] = statistics.median(q)
+        row["profiled_runs"] = q
+        row["ratio"] = row["plain"] / row["profiled"]
+        row["target_ratio"] = TARGET_RATIO_REDIS
+        seen = [c for c in counted if c is not None]
+        if seen:
+            reqs = args.redis_requests * len(REDIS_TESTS.split(","))
+            row["notes"].append(f"about {statistics.median(seen) / reqs:.1f} allocation calls "
+                                f"per request (alloclens report)")
+    return row
+
+
+# --------------------------------------------------------------------------- output
+
+def fmt_val(row, key):
+    v = row.get(key)
+    if v is None:
+        return "failed" if (key == "profiled" and row.get("error")) else "-"
+    if row["unit"] == "ms":
+        return f"{v:.1f} ms"
+    if row["unit"] == "ns":
+        return f"{v:.2f} ns"
+    return f"{v:,.0f}"
+
+
+def spread(values):
+    if not values or len(values) < 2:
+        return "-"
+    m = statistics.median(values)
+    return f"{100.0 * (max(values) - min(values)) / m:.0f}%" if m else "-"
+
+
+def target_text(row):
+    parts, ok = [], True
+    if "target_ratio" in row:
+        parts.append(f"<={row['target_ratio']:g}x")
+        ok = ok and row["ratio"] <= row["target_ratio"]
+    if "target_ns" in row:
+        parts.append(f"<={row['target_ns']:g} ns")
+        ok = ok and row["added_ns"] <= row["target_ns"]
+    if not parts:
+        return "-"
+    return " ".join(parts) + ("  ok" if ok else "  MISSED")
+
+
+def print_table(rows, header):
+    cols = ["allocator", "workload", "plain", "profiled", "ratio", "added ns/call", "target",
+            "spread p/a"]
+    table = []
+    for r in rows:
+        added = r.get("added_ns")
+        if added is not None and r.get("par", 1) > 1:
+            added_s = f"{added:.1f} (x{r['par']})"
+        elif added is not None:
+            added_s = f"{added:.1f}"
+        else:
+            added_s = "-"
+        table.append([r["allocator"], r["workload"], fmt_val(r, "plain"), fmt_val(r, "profiled"),
+                      f"{r['ratio']:.3f}x" if "ratio" in r else "-", added_s, target_text(r),
+                      f"{spread(r.get('plain_runs'))}/{spread(r.get('profiled_runs'))}"])
+    widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c)
+              for i, c in enumerate(cols)]
+    print()
+    for line in header:
+        print(line)
+    print()
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+    for t in table:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+
+
+# --------------------------------------------------------------------------- main
+
+def failed_row(name, workload, err):
+    return {"allocator": name, "workload": workload, "error": f"plain run failed: {err}",
+            "notes": []}
+
+
+def main():
+    ap = argparse.ArgumentParser(description="alloclens overhead: plain vs profiled, "
+                                 "alternating runs, medians (see bench/README.md)")
+    ap.add_argument("--build", required=True, help="meson build directory")
+    ap.add_argument("--allocators", help="comma-separated names (default: all found)")
+    ap.add_argument("--runs", type=int, help="runs of each side per workload (default 5, "
+                    "--quick 3)")
+    ap.add_argument("--alloclens-args", default="",
+                    help="extra options for `alloclens run`, e.g. \"--mode sample\"")
+    ap.add_argument("--skip-redis", action="store_true", help="leave out the redis workload")
+    ap.add_argument("--quick", action="store_true",
+                    help="3 runs, shorter workloads (a rough figure in about a quarter of "
+                    "the time)")
+    ap.add_argument("--threads", type=int, default=4, help="malloc_bench threads (default 4)")
+    ap.add_argument("--ops", type=int, help="malloc_bench ops per thread (default 1500000, "
+                    "--quick 1000000; the 1-thread run does twice as many)")
+    ap.add_argument("--seed", type=int, default=42, help="malloc_bench seed (default 42)")
+    ap.add_argument("--redis-requests", type=int,
+                    help="redis-benchmark -n (default 100000, --quick 30000)")
+    ap.add_argument("--max-minutes", type=float,
+                    help="time budget for all the runs (default 9, --quick 3): past it a "
+                    "workload stops after the runs done (at least one of each side)")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="do not pin redis-server and redis-benchmark to separate CPUs")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every run's value")
+    args = ap.parse_args()
+
+    if args.runs is None:
+        args.runs = 3 if args.quick else 5
+    if args.ops is None:
+        args.ops = 1000000 if args.quick else 1500000
+    if args.redis_requests is None:
+        args.redis_requests = 30000 if args.quick else 100000
+    if args.max_minutes is None:
+        args.max_minutes = 3.0 if args.quick else 9.0
+    args.pair_reps, args.pair_iters = (51, 20000) if args.quick else (101, 20000)
+    if args.runs < 1 or args.threads < 1 or args.ops < 1 or args.redis_requests < 1:
+        ap.error("--runs, --threads, --ops and --redis-requests must be positive")
+
+    build = os.path.abspath(args.build)
+    malloc_bench = os.path.join(build, "bench", "malloc_bench")
+    rdtsc_cost = os.path.join(build, "bench", "rdtsc_cost")
+    cli = os.path.join(build, "cli", "alloclens")
+    for p in (malloc_bench, rdtsc_cost):
+        if not os.access(p, os.X_OK):
+            print(f"overhead.py: {p} not found: build first (ninja -C {args.build})",
+                  file=sys.stderr)
+            return 2
+    if not os.access(cli, os.X_OK):
+        log(f"overhead.py: {cli} not found: measuring the plain side only")
+        cli = None
+
+    try:
+        allocs = find_allocators(cli) if cli else fallback_allocators()
+    except (RunError, OSError, subprocess.TimeoutExpired) as e:
+        print(f"overhead.py: {e}", file=sys.stderr)
+        return 2
+    if args.allocators:
+        want = [a.strip() for a in args.allocators.split(",") if a.strip()]
+        known = dict(allocs)
+        missing = [a for a in want if a not in known]
+        if missing:
+            log(f"overhead.py: not found on this machine, skipped: {', '.join(missing)}")
+        allocs = [(a, known[a]) for a in want if a in known]
+    if not allocs:
+        print("overhead.py: no allocators to measure", file=sys.stderr)
+        return 2
+
+    tools = {t: shutil.which(t) for t in ("redis-server", "redis-benchmark", "redis-cli")}
+    redis_note = None
+    if not args.skip_redis and not all(tools.values()):
+        redis_note = ("redis skipped: not found: " +
+                      ", ".join(t for t, p in tools.items() if not p))
+        args.skip_redis = True
+
+    ncpus = len(os.sched_getaffinity(0))
+    rows = []
+    started = time.monotonic()
+    # The time budget is shared out by the expected length of each workload; a workload that
+    # finishes early leaves its time to the next ones. A busy machine gets fewer runs instead
+    # of an unbounded wait (at least one pair per workload).
+    budget = args.max_minutes * 60.0
+    per_alloc = W_MT + W_1T + W_PAIR + (0 if args.skip_redis else W_REDIS)
+    total_weight = per_alloc * len(allocs)
+    done_weight = 0.0
+    with tempfile.TemporaryDirectory(prefix="alloclens-bench-") as tmpdir:
+        b = Bench(args, cli, tmpdir)
+        b.malloc_bench, b.rdtsc_cost, b.ncpus = malloc_bench, rdtsc_cost, ncpus
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) >= 2 and not args.no_pin:
+            b.server_cpu, b.client_cpu = cpus[0], cpus[1]
+        else:
+            b.server_cpu = b.client_cpu = None
+        for name, path in allocs:
+            log(f"{name} ({path})")
+            try:
+                # Warm-up, not counted: page cache, and alloclens's first run for an
+                # allocator probes it and caches its config.
+                warm = [malloc_bench, "1", "10000", str(args.seed)]
+                b.run_program(warm, clean_env(None if is_glibc(name, path) else path),
+                              f"{name} warm-up plain", 300)
+                if cli:
+                    try:
+                        b.run_program(b.profiled_argv(name, warm), clean_env(),
+                                      f"{name} warm-up under alloclens", 300)
+                    except RunError as e:
+                        log(f"  warm-up under alloclens failed: {e}")
+            except RunError as e:
+                log(f"{name}: warm-up failed, allocator skipped: {e}")
+                rows.append(failed_row(name, "warm-up", e))
+                continue
+            for workload, weight, fn in (
+                    (f"malloc_bench {args.threads}T", W_MT,
+                     lambda: bench_malloc(b, name, path, args.threads, args.ops)),
+                    # One thread does twice the ops, for a run about as long as the other.
+                    ("malloc_bench 1T", W_1T,
+                     lambda: bench_malloc(b, name, path, 1, 2 * args.ops)),
+                    ("malloc+free pair", W_PAIR, lambda: bench_pair(b, name, path)),
+                    ("redis (req/s)", W_REDIS, lambda: bench_redis(b, tools, name, path))):
+                if workload.startswith("redis") and args.skip_redis:
+                    continue
+                done_weight += weight
+                b.deadline = started + budget * done_weight / total_weight
+                try:
+                    rows.append(fn())
+                    n = len(rows[-1].get("plain_runs", []))
+                    if n < args.runs:
+                        rows[-1]["notes"].append(f"{n} of {args.runs} runs: time budget "
+                                                 f"(--max-minutes) spent")
+                except (RunError, KeyError, ValueError, OSError, subprocess.SubprocessError) as e:
+                    log(f"{name} {workload}: plain run failed: {e}")
+                    rows.append(failed_row(name, workload, e))
+
+    elapsed = time.monotonic() - started
+    pair_rows = [r for r in rows if r["workload"] == "malloc+free pair" and "plain" in r]
+    tsc = statistics.median(r["rdtsc_pair_ns"] for r in pair_rows) if pair_rows else None
+    header = [
+        f"alloclens overhead: {ncpus} CPUs, {args.runs} runs of each side alternating "
+        f"plain/profiled, medians; alloclens args: "
+        f"{args.alloclens_args!r}" + ("" if cli else "  [alloclens not built: plain only]"),
+        "bare measurement: two back-to-back rdtsc = "
+        + (f"{tsc:.1f} ns" if tsc is not None else "-")
+        + "; malloc(32)+free pair (plain) = "
+        + (", ".join(f"{r['plain']:.1f} ns {r['allocator']}" for r in pair_rows) or "-"),
+    ]
+    print_table([r for r in rows if "plain" in r], header)
+
+    print()
+    print(f"malloc_bench: {args.threads} threads x {args.ops} ops and 1 thread x {2 * args.ops} "
+          f"ops, seed {args.seed}; plain/profiled = median of its own work time "
+          "(CLOCK_MONOTONIC, start-up excluded).")
+    print(f"added ns/call = (t_profiled - t_plain) x min(T, {ncpus} CPUs) / calls: T threads "
+          f"on {ncpus} CPUs run on min(T, {ncpus}) at once (\"(xN)\"); 1 thread: direct.")
+    print("malloc+free pair: rdtsc_cost's malloc(32)+free loop; added ns/call = "
+          "(pair_profiled - pair_plain) / 2.")
+    if not args.skip_redis:
+        pinned = ("" if args.no_pin or ncpus < 2 else
+                  "; server and client pinned to separate CPUs")
+        print(f"redis: redis-benchmark -n {args.redis_requests} -t {REDIS_TESTS} -P 1, "
+              "overall requests/s (harmonic mean over the tests); ratio = plain / profiled"
+              f"{pinned}.")
+    elif redis_note:
+        print(redis_note)
+    print("spread p/a: (max - min) / median of the plain / profiled runs.")
+    for r in rows:
+        for n in r.get("notes", []):
+            print(f"note: {r['allocator']} {r['workload']}: {n}")
+        if r.get("error"):
+            print(f"error: {r['allocator']} {r['workload']}: {r['error'].splitlines()[0]}")
+    if args.verbose:
+        for r in rows:
+            if "plain_runs" in r:
+                print(f"runs: {r['allocator']} {r['workload']}: plain {r['plain_runs']} "
+                      f"profiled {r.get('profiled_runs', [])}")
+    print(f"total time {elapsed:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ncpus": ncpus, "runs": args.runs, "alloclens_args": args.alloclens_args,
+                       "rdtsc_pair_ns": tsc, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    # SIGTERM (a timeout, ninja interrupted) unwinds like an exception, so a running
+    # redis-server is shut down and the temporary directory removed.
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
+    sys.exit(main())

@@ -1,0 +1,110 @@
+/* Signals, while alloclens counts the allocator's system calls with syscall user dispatch.
+ *
+ * The kernel turns a dispatched system call into SIGSYS, and if SIGSYS is blocked at that
+ * moment it kills the process instead. So: SIGSYS belongs to the program but our handler must
+ * stay installed (sigaction and signal for SIGSYS record what the program asks for and report
+ * it back; our handler passes every SIGSYS that is not ours to it); no mask the program sets,
+ * for a thread or for a handler, may block SIGSYS; and the program's handlers run with the
+ * selector open, since one may interrupt an allocator call and make system calls of its own.
+ * Without dispatch every call goes straight through. */
+#include <dlfcn.h>
+#include <signal.h>
+#include <string.h>
+
+#include "interpose.h"
+
+static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
+static int (*real_sigprocmask)(int, const sigset_t *, sigset_t *);
+static int (*real_pthread_sigmask)(int, const sigset_t *, sigset_t *);
+
+static struct sigaction program[_NSIG];  /* the program's handlers, as it asked for them */
+static _Atomic int wrapped[_NSIG];
+
+void _al_signals_resolve(void)
+{
+    real_sigaction = (__typeof__(real_sigaction))dlsym(RTLD_NEXT, "sigaction");
+    real_sigprocmask = (__typeof__(real_sigprocmask))dlsym(RTLD_NEXT, "sigprocmask");
+    real_pthread_sigmask = (__typeof__(real_pthread_sigmask))dlsym(RTLD_NEXT, "pthread_sigmask");
+}
+
+static bool dispatching(void)
+{
+    return _al_syscalls.dispatch;
+}
+
+static void run_program_handler(int sig, siginfo_t *si, void *ctx)
+{
+    struct al_thread *t = _al_tls;
+    if (t)
+        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    const struct sigaction *a = &program[sig];
+    if (a->sa_flags & SA_SIGINFO)
+        a->sa_sigaction(sig, si, ctx);
+    else if (a->sa_handler != SIG_IGN && a->sa_handler != SIG_DFL)
+        a->sa_handler(sig);
+}
+
+static const sigset_t *without_sigsys(const sigset_t *set, sigset_t *copy)
+{
+    if (!set || !dispatching() || !sigismember(set, SIGSYS))
+        return set;
+    *copy = *set;
+    sigdelset(copy, SIGSYS);
+    return copy;
+}
+
+AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (AL_UNLIKELY(!real_sigaction))
+        _al_signals_resolve();
+    if (sig == SIGSYS && _al_syscalls_owns_sigsys())
+        return _al_syscalls_program_sigaction(act, old);
+    if (!dispatching() || sig <= 0 || sig >= _NSIG)
+        return real_sigaction(sig, act, old);
+    struct sigaction prev = program[sig];
+    bool had = atomic_load(&wrapped[sig]);
+    struct sigaction mine;
+    const struct sigaction *use = act;
+    if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
+        mine = *act;
+        mine.sa_flags |= SA_SIGINFO;
+        mine.sa_sigaction = run_program_handler;
+        sigdelset(&mine.sa_mask, SIGSYS);
+        use = &mine;
+    }
+    int r = real_sigaction(sig, use, old);
+    if (r == 0) {
+        if (old && had && old->sa_sigaction == run_program_handler)
+            *old = prev;
+        if (act) {
+            program[sig] = *act;
+            atomic_store(&wrapped[sig], use == &mine);
+        }
+    }
+    return r;
+}
+
+AL_EXPORT sighandler_t signal(int sig, sighandler_t handler)
+{
+    /* BSD semantics, as glibc's signal gives: restart, the signal blocked in its handler. */
+    struct sigaction act = { .sa_handler = handler, .sa_flags = SA_RESTART }, old;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, sig);
+    return sigaction(sig, &act, &old) == 0 ? old.sa_handler : SIG_ERR;
+}
+
+AL_EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
+{
+    if (AL_UNLIKELY(!real_sigprocmask))
+        _al_signals_resolve();
+    sigset_t copy;
+    return real_sigprocmask(how, how == SIG_UNBLOCK ? set : without_sigsys(set, &copy), old);
+}
+
+AL_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
+{
+    if (AL_UNLIKELY(!real_pthread_sigmask))
+        _al_signals_resolve();
+    sigset_t copy;
+    return real_pthread_sigmask(how, how == SIG_UNBLOCK ? set : without_sigsys(set, &copy), old);
+}

@@ -1,0 +1,631 @@
+/* Event counters around one allocator call in N (see counters.h).
+ *
+ * Init (start-up, once): names are resolved with libpfm4, which knows the CPU's own PMU events
+ * and the generic perf names (cycles, cache-misses, page-faults, ...), then probed with
+ * perf_event_open on the calling thread. libpfm4 allocates while it initializes and parses;
+ * that happens here only, under the lead's start-up guard.
+ *
+ * Per thread (hot path, after init): the group is opened on the thread's first counted call
+ * and read with rdpmc where the kernel allows user-space reads of that counter, read(2)
+ * otherwise. Nothing after init allocates: a wrapped ring-buffer record is copied onto the
+ * stack. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+/* The kernel's header first: libpfm4's own copy of its definitions then stands aside. */
+#include "counters.h"
+#include "profiler.h"
+
+#include <perfmon/pfmlib_perf_event.h>
+
+struct al_counters_config _al_counters = { .sample_every = 1 };
+
+#define SAMPLE_EVERY_MAX 1000000u
+
+static const char default_hw[] = "instructions,cache-misses,dTLB-load-misses,page-faults";
+static const char default_sw[] = "page-faults,context-switches,task-clock";
+
+/* ---- libpfm4 --------------------------------------------------------------------------- */
+
+static pthread_once_t pfm_once = PTHREAD_ONCE_INIT;
+static int pfm_init_ret = PFM_ERR_NOINIT;
+
+static void pfm_init_once(void)
+{
+    pfm_init_ret = pfm_initialize();
+}
+
+static long perf_open(struct perf_event_attr *attr, int group_fd)
+{
+    return syscall(SYS_perf_event_open, attr, 0 /* this thread */, -1 /* any cpu */, group_fd,
+                   PERF_FLAG_FD_CLOEXEC);
+}
+
+static bool is_software(const struct perf_event_attr *attr)
+{
+    return attr->type == PERF_TYPE_SOFTWARE;
+}
+
+int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err, size_t errcap)
+{
+    if (err && errcap)
+        err[0] = '\0';
+    pthread_once(&pfm_once, pfm_init_once);
+    if (pfm_init_ret != PFM_SUCCESS) {
+        if (err && errcap)
+            snprintf(err, errcap, "libpfm4 failed to initialize: %s", pfm_strerror(pfm_init_ret));
+        return -ENODEV;
+    }
+    if (!name)
+        name = "";
+
+    memset(attr, 0, sizeof *attr);
+    pfm_perf_encode_arg_t arg;
+    memset(&arg, 0, sizeof arg);
+    arg.attr = attr;
+    arg.size = sizeof arg;
+    int ret = PFM_ERR_NOTFOUND;
+    if (name[0])
+        ret = pfm_get_os_event_encoding(name, PFM_PLM3, PFM_OS_PERF_EVENT_EXT, &arg);
+    if (ret != PFM_SUCCESS) {
+        int e = ret == PFM_ERR_NOTFOUND ? -ENOENT : -EINVAL;
+        if (err && errcap)
+            snprintf(err, errcap, "%s event '%s' (libpfm4: %s)",
+                     e == -ENOENT ? "unknown" : "invalid", name, pfm_strerror(ret));
+        memset(attr, 0, sizeof *attr);
+        return e;
+    }
+    attr->size = sizeof *attr;
+    attr->exclude_kernel = 1;
+    attr->exclude_hv = 1;
+    return 0;
+}
+
+/* ---- init ------------------------------------------------------------------------------- */
+
+/* kernel.perf_event_paranoid, or -100 when it cannot be read (no stdio: plain syscalls). */
+static int read_paranoid(void)
+{
+    int fd = open("/proc/sys/kernel/perf_event_paranoid", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -100;
+    char buf[32];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -100;
+    buf[n] = '\0';
+    int sign = 1, v = 0;
+    const char *p = buf;
+    if (*p == '-') {
+        sign = -1;
+        p++;
+    }
+    if (*p < '0' || *p > '9')
+        return -100;
+    while (*p >= '0' && *p <= '9')
+        v = v * 10 + (*p++ - '0');
+    return sign * v;
+}
+
+static bool is_no_pmu(int e)
+{
+    return e == ENOENT || e == EOPNOTSUPP || e == ENODEV;
+}
+
+static bool is_denied(int e)
+{
+    return e == EACCES || e == EPERM;
+}
+
+/* Opens EV alone on this thread and closes it: 0 or an errno. Software events are counted
+ * kernel side too (a page fault is taken in the kernel); where perf_event_paranoid forbids
+ * that, they fall back to user-mode only and *USER_ONLY says so. */
+static int probe(struct al_event *ev, bool *user_only)
+{
+    struct perf_event_attr a = ev->attr;
+    a.disabled = 1;
+    if (is_software(&a))
+        a.exclude_kernel = 0;
+    long fd = perf_open(&a, -1);
+    if (fd < 0 && is_software(&a) && is_denied(errno)) {
+        a.exclude_kernel = 1;
+        fd = perf_open(&a, -1);
+        if (fd >= 0)
+            *user_only = true;
+    }
+    if (fd < 0)
+        return errno ? errno : EINVAL;
+    close((int)fd);
+    ev->attr.exclude_kernel = a.exclude_kernel;
+    return 0;
+}
+
+/* The group an event joins: hardware events share one group, led by the first of them, so
+ * they are scheduled on the PMU together. Software events are opened on their own: they need
+ * no PMU slot, and in a group they read wrong (a task-clock sibling reads a stale 0 until the
+ * thread is scheduled out; page-faults under a task-clock leader read 0 with exclude_kernel). */
+static int group_of(const struct perf_event_attr *a, int *hw_leader)
+{
+    if (is_software(a))
+        return -1;
+    return *hw_leader;
+}
+
+static void joined(const struct perf_event_attr *a, int fd, int *hw_leader)
+{
+    if (!is_software(a) && *hw_leader < 0)
+        *hw_leader = fd;
+}
+
+/* Probes the whole set as it will be opened per thread. 0 or an errno. */
+static int probe_group(void)
+{
+    int fds[AL_MAX_EVENTS];
+    int ret = 0, leader = -1;
+    unsigned n = 0;
+    for (; n < _al_counters.nevents; n++) {
+        struct perf_event_attr a = _al_counters.events[n].attr;
+        a.disabled = 1;
+        long fd = perf_open(&a, group_of(&a, &leader));
+        if (fd < 0) {
+            ret = errno ? errno : EINVAL;
+            break;
+        }
+        fds[n] = (int)fd;
+        joined(&a, (int)fd, &leader);
+    }
+    while (n-- > 0)
+        close(fds[n]);
+    return ret;
+}
+
+static __attribute__((format(printf, 1, 2))) void set_unavailable(const char *fmt, ...)
+{
+    _al_counters.available = false;
+    _al_counters.software = false;
+    _al_counters.nevents = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(_al_counters.reason, sizeof _al_counters.reason, fmt, ap);
+    va_end(ap);
+}
+
+/* Appends the next comma-separated name of *S into NAME (NAMECAP); false at the end. Names
+ * too long for NAME come back truncated with *TOO_LONG set. */
+static bool next_name(const char **s, char *name, size_t namecap, bool *too_long)
+{
+    const char *p = *s;
+    while (*p == ',' || *p == ' ')
+        p++;
+    if (!*p)
+        return false;
+    size_t n = 0;
+    *too_long = false;
+    while (*p && *p != ',') {
+        if (n + 1 < namecap)
+            name[n++] = *p;
+        else
+            *too_long = true;
+        p++;
+    }
+    while (n > 0 && name[n - 1] == ' ')
+        n--;
+    name[n] = '\0';
+    *s = p;
+    return true;
+}
+
+/* Resolves LIST into _al_counters.events. User-named events that do not resolve are warned
+ * about and dropped when USER; the default sets always resolve. */
+static void resolve_list(const char *list, bool user)
+{
+    _al_counters.nevents = 0;
+    const char *p = list;
+    char name[sizeof _al_counters.events[0].name];
+    bool too_long;
+    while (next_name(&p, name, sizeof name, &too_long)) {
+        if (too_long) {
+            _al_log("event '%s...': name too long, ignored", name);
+            continue;
+        }
+        if (_al_counters.nevents == AL_MAX_EVENTS) {
+            _al_log("event '%s' ignored: at most %d events are counted", name, AL_MAX_EVENTS);
+            continue;
+        }
+        struct al_event *ev = &_al_counters.events[_al_counters.nevents];
+        char err[192];
+        if (_al_event_resolve(name, &ev->attr, err, sizeof err) != 0) {
+            if (user)
+                _al_log("%s; not counted", err);
+            continue;
+        }
+        memcpy(ev->name, name, strlen(name) + 1);
+        _al_counters.nevents++;
+    }
+}
+
+static void drop_event(unsigned i)
+{
+    memmove(&_al_counters.events[i], &_al_counters.events[i + 1],
+            (_al_counters.nevents - i - 1) * sizeof _al_counters.events[0]);
+    _al_counters.nevents--;
+}
+
+static void denied_reason(int e)
+{
+    char p[16];
+    int par = read_paranoid();
+    if (par == -100)
+        snprintf(p, sizeof p, "unknown");
+    else
+        snprintf(p, sizeof p, "%d", par);
+    set_unavailable("perf_event_open not permitted (kernel.perf_event_paranoid = %s: %s)", p,
+                    strerror(e));
+}
+
+/* Probes every event; drops the ones this machine lacks (warning about user-named ones).
+ * Returns 0, or the errno of a permission failure (the caller reports it). */
+static int probe_all(bool user, bool *user_only)
+{
+    for (unsigned i = 0; i < _al_counters.nevents;) {
+        int e = probe(&_al_counters.events[i], user_only);
+        if (e == 0) {
+            i++;
+            continue;
+        }
+        if (is_denied(e))
+            return e;
+        if (user)
+            _al_log("event '%s' cannot be counted on this machine (perf_event_open: %s)%s; not counted",
+                    _al_counters.events[i].name, strerror(e),
+                    is_no_pmu(e) && !is_software(&_al_counters.events[i].attr) ? ": no hardware PMU" : "");
+        drop_event(i);
+    }
+    return 0;
+}
+
+void _al_counters_init(const char *events, unsigned sample_every)
+{
+    memset(&_al_counters, 0, sizeof _al_counters);
+    if (sample_every < 1)
+        sample_every = 1;
+    if (sample_every > SAMPLE_EVERY_MAX)
+        sample_every = SAMPLE_EVERY_MAX;
+    _al_counters.sample_every = sample_every;
+
+    char err[192];
+    struct perf_event_attr probe_attr;
+    if (_al_event_resolve("page-faults", &probe_attr, err, sizeof err) != 0) {
+        set_unavailable("%s", err);
+        return;
+    }
+
+    bool user = events && events[0];
+    bool user_only = false;
+    if (user) {
+        resolve_list(events, true);
+        if (_al_counters.nevents == 0) {
+            set_unavailable("none of the events '%s' is known here", events);
+            return;
+        }
+        int e = probe_all(true, &user_only);
+        if (e) {
+            denied_reason(e);
+            return;
+        }
+        if (_al_counters.nevents == 0) {
+            set_unavailable("none of the events '%s' can be counted on this machine", events);
+            return;
+        }
+    } else {
+        /* The default set: hardware where the machine has a PMU. The first event decides. */
+        resolve_list(default_hw, false);
+        int e = _al_counters.nevents ? probe(&_al_counters.events[0], &user_only) : ENOENT;
+        if (e == 0) {
+            e = probe_all(false, &user_only);
+            if (e) {
+                denied_reason(e);
+                return;
+            }
+        } else if (is_no_pmu(e)) {
+            resolve_list(default_sw, false);
+            snprintf(_al_counters.reason, sizeof _al_counters.reason,
+                     "no hardware PMU on this machine (perf_event_open: %s); software events instead",
+                     strerror(e));
+            _al_counters.software = true;
+            e = probe_all(false, &user_only);
+            if (e) {
+                denied_reason(e);
+                return;
+            }
+            if (_al_counters.nevents == 0) {
+                set_unavailable("neither hardware nor software events can be counted here");
+                return;
+            }
+        } else if (is_denied(e)) {
+            denied_reason(e);
+            return;
+        } else {
+            set_unavailable("perf_event_open failed for '%s': %s", _al_counters.events[0].name,
+                            strerror(e));
+            return;
+        }
+    }
+
+    int e = probe_group();
+    if (e) {
+        if (is_denied(e))
+            denied_reason(e);
+        else
+            set_unavailable("the event group cannot be opened on this machine (perf_event_open: %s)",
+                            strerror(e));
+        return;
+    }
+    if (user_only) {
+        size_t len = strlen(_al_counters.reason);
+        int par = read_paranoid();
+        snprintf(_al_counters.reason + len, sizeof _al_counters.reason - len,
+                 "%ssoftware events count user mode only (kernel.perf_event_paranoid = %d)",
+                 len ? "; " : "", par);
+    }
+    /* A user-named set made only of software events is software too, and says so. */
+    if (user) {
+        bool all_sw = true;
+        for (unsigned i = 0; i < _al_counters.nevents; i++)
+            all_sw = all_sw && is_software(&_al_counters.events[i].attr);
+        _al_counters.software = all_sw;
+    }
+    _al_counters.available = true;
+}
+
+/* ---- per-thread groups ------------------------------------------------------------------ */
+
+static size_t page_size(void)
+{
+    static size_t ps;
+    size_t v = __atomic_load_n(&ps, __ATOMIC_RELAXED);
+    if (!v) {
+        long l = sysconf(_SC_PAGESIZE);
+        v = l > 0 ? (size_t)l : 4096;
+        __atomic_store_n(&ps, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+/* Closes the thread's group and forgets it (state 0). The thread that owned it must make no
+ * further counted call on this state; after fork, the child closes every copied state. */
+void _al_counters_thread_close(struct al_thread_counters *c)
+{
+    if (c->state == 1) {
+        for (unsigned i = AL_MAX_EVENTS; i-- > 0;) {
+            if (c->page[i])
+                munmap(c->page[i], page_size());
+            c->page[i] = NULL;
+        }
+        for (unsigned i = AL_MAX_EVENTS; i-- > 0;) {
+            if (c->fd[i] >= 0)
+                close(c->fd[i]);
+            c->fd[i] = -1;
+        }
+    }
+    /* Back to "not opened": a state reused by another thread (or copied into a fork child,
+     * where the fds count the parent's thread and the pages are not mapped) opens its own. */
+    c->state = 0;
+}
+
+static AL_COLD void open_group(struct al_thread_counters *c)
+{
+    unsigned n = _al_counters.nevents;
+    if (!_al_counters.available || n == 0) {
+        c->state = -1;
+        return;
+    }
+    for (unsigned i = 0; i < AL_MAX_EVENTS; i++) {
+        c->fd[i] = -1;
+        c->page[i] = NULL;
+    }
+    int leader = -1;
+    for (unsigned i = 0; i < n; i++) {
+        struct perf_event_attr a = _al_counters.events[i].attr;
+        a.disabled = 0;
+        a.read_format = 0;
+        a.inherit = 0;
+        long fd = perf_open(&a, group_of(&a, &leader));
+        if (fd < 0) {
+            static _Atomic int warned;
+            int e = errno; /* named, not strerror(): no gettext (which may allocate) after init */
+            if (!atomic_exchange_explicit(&warned, 1, memory_order_relaxed))
+                _al_log("counters: a thread could not open its event group (perf_event_open '%s': %s); "
+                        "its calls are not counted", _al_counters.events[i].name, strerrorname_np(e));
+            c->state = 1;
+            _al_counters_thread_close(c);
+            c->state = -1;
+            return;
+        }
+        c->fd[i] = (int)fd;
+        joined(&a, (int)fd, &leader);
+        if (is_software(&a))
+            continue;
+        /* Hardware: the mmap page tells whether user space may rdpmc this counter. */
+        void *pg = mmap(NULL, page_size(), PROT_READ, MAP_SHARED, (int)fd, 0);
+        if (pg != MAP_FAILED)
+            c->page[i] = pg;
+    }
+    c->state = 1;
+}
+
+int _al_counter_read_fd(int fd, uint64_t *value)
+{
+    uint64_t v;
+    ssize_t n;
+    do
+        n = read(fd, &v, sizeof v);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    if (n != sizeof v)
+        return -EIO;
+    *value = v;
+    return 0;
+}
+
+static inline uint64_t rdpmc(uint32_t counter)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    uint32_t lo, hi;
+    __asm__ __volatile__("rdpmc" : "=a"(lo), "=d"(hi) : "c"(counter));
+    return ((uint64_t)hi << 32) | lo;
+#else
+    (void)counter;
+    return 0;
+#endif
+}
+
+/* The seqlock protocol documented in linux/perf_event.h (struct perf_event_mmap_page). */
+int _al_counter_read_rdpmc(void *page, uint64_t *value)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    volatile struct perf_event_mmap_page *pc = page;
+    if (!pc)
+        return -EAGAIN;
+    uint32_t seq, idx;
+    uint64_t count;
+    do {
+        seq = pc->lock;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        idx = pc->index;
+        if (!pc->cap_user_rdpmc || idx == 0)
+            return -EAGAIN;
+        count = (uint64_t)pc->offset;
+        uint16_t width = pc->pmc_width;
+        if (width == 0 || width > 64)
+            return -EAGAIN;
+        int64_t pmc = (int64_t)rdpmc(idx - 1);
+        pmc = (int64_t)((uint64_t)pmc << (64 - width)) >> (64 - width); /* sign-extend */
+        count += (uint64_t)pmc;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    } while (pc->lock != seq);
+    *value = count;
+    return 0;
+#else
+    (void)page;
+    (void)value;
+    return -EAGAIN;
+#endif
+}
+
+#define READ_FAILED UINT64_MAX
+
+static inline uint64_t read_one(struct al_thread_counters *c, unsigned i)
+{
+    uint64_t v;
+    if (c->page[i] && _al_counter_read_rdpmc(c->page[i], &v) == 0)
+        return v;
+    if (_al_counter_read_fd(c->fd[i], &v) == 0)
+        return v;
+    return READ_FAILED;
+}
+
+void _al_counters_before(struct al_thread_counters *c)
+{
+    if (AL_UNLIKELY(c->state == 0))
+        open_group(c);
+    if (c->state != 1)
+        return;
+    unsigned n = _al_counters.nevents;
+    for (unsigned i = 0; i < n; i++)
+        c->start[i] = read_one(c, i);
+}
+
+void _al_counters_after(struct al_thread_counters *c, uint64_t *sums)
+{
+    unsigned every = _al_counters.sample_every;
+    c->countdown = every ? every : 1;
+    if (c->state != 1)
+        return;
+    unsigned n = _al_counters.nevents;
+    for (unsigned i = n; i-- > 0;) {
+        uint64_t v = read_one(c, i);
+        if (v == READ_FAILED || c->start[i] == READ_FAILED || v < c->start[i])
+            continue;
+        AL_BUMP(sums[i], v - c->start[i]);
+    }
+}
+
+/* ---- perf ring buffer ------------------------------------------------------------------- */
+
+static void copy_out(const char *data, size_t mask, uint64_t pos, void *dst, size_t len)
+{
+    size_t off = (size_t)pos & mask;
+    size_t first = mask + 1 - off;
+    if (first >= len) {
+        memcpy(dst, data + off, len);
+    } else {
+        memcpy(dst, data + off, first);
+        memcpy((char *)dst + first, data, len - first);
+    }
+}
+
+/* A record that wraps the end of the data area, reassembled on the stack (at most 64 KiB: the
+ * header's size is 16 bits), never from the heap. Separate so the stack is only used when needed. */
+static AL_NOINLINE void deliver_wrapped(const char *data, size_t mask, uint64_t pos, size_t size,
+                                        void (*fn)(const struct perf_event_header *, void *), void *arg)
+{
+    uint64_t buf[(size + 7) / 8];
+    copy_out(data, mask, pos, buf, size);
+    fn((const struct perf_event_header *)buf, arg);
+}
+
+int _al_perf_ring_drain(void *base, size_t data_size,
+                        void (*fn)(const struct perf_event_header *rec, void *arg), void *arg)
+{
+    if (!base || data_size < sizeof(struct perf_event_header) || (data_size & (data_size - 1)))
+        return -EINVAL;
+    struct perf_event_mmap_page *pc = base;
+    size_t data_off = pc->data_offset ? (size_t)pc->data_offset : page_size();
+    const char *data = (const char *)base + data_off;
+    size_t mask = data_size - 1;
+
+    uint64_t head = __atomic_load_n(&pc->data_head, __ATOMIC_ACQUIRE);
+    uint64_t tail = __atomic_load_n(&pc->data_tail, __ATOMIC_RELAXED);
+    int count = 0, ret = 0;
+    if (head - tail > data_size) {
+        ret = -EINVAL; /* the writer overran us: nothing in between can be trusted */
+        tail = head;
+    }
+    while (tail != head) {
+        struct perf_event_header hdr;
+        if (head - tail < sizeof hdr) {
+            ret = -EINVAL;
+            tail = head;
+            break;
+        }
+        copy_out(data, mask, tail, &hdr, sizeof hdr);
+        if (hdr.size < sizeof hdr || hdr.size > data_size || hdr.size > head - tail) {
+            /* Malformed: no way to find the next record; drop the rest so the ring recovers. */
+            ret = -EINVAL;
+            tail = head;
+            break;
+        }
+        size_t off = (size_t)tail & mask;
+        if (fn) {
+            if (off + hdr.size <= data_size)
+                fn((const struct perf_event_header *)(data + off), arg);
+            else
+                deliver_wrapped(data, mask, tail, hdr.size, fn, arg);
+        }
+        tail += hdr.size;
+        count++;
+    }
+    __atomic_store_n(&pc->data_tail, tail, __ATOMIC_RELEASE);
+    return ret ? ret : count;
+}

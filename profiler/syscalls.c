@@ -1,0 +1,238 @@
+/* The allocator's own system calls: count and cycles of mmap, munmap, mremap, brk, madvise,
+ * mprotect and futex made inside allocator calls, by the op and size class being served.
+ *
+ * glibc's malloc makes these calls internally, not through the interposable libc wrappers, so
+ * they are caught with Linux syscall user dispatch: each thread asks the kernel to turn every
+ * system call made outside our own trampoline page into a SIGSYS, but only while its selector
+ * byte says "block", which the entry points set for the duration of the real allocator call.
+ * The SIGSYS handler performs the call from the trampoline page, timed, and accounts for it.
+ * A call it should not perform from a signal handler (rt_sigreturn of another handler,
+ * clone, anything it does not account for) is restarted where it was made with the selector
+ * open, so it runs natively. Our handler returns through a restorer in the trampoline page.
+ *
+ * SIGSYS signals that are not ours (seccomp's, the program's own raise) go to the handler the
+ * program installed, which the sigaction/signal wrappers record instead of installing. Where
+ * the kernel lacks syscall user dispatch, the libc wrappers (mmap, munmap, ...) count the calls
+ * the allocator makes through them, and the report says that internal calls are not seen.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/futex.h>
+
+#include "profiler.h"
+
+#ifndef PR_SET_SYSCALL_USER_DISPATCH
+#define PR_SET_SYSCALL_USER_DISPATCH 59
+#define PR_SYS_DISPATCH_OFF 0
+#define PR_SYS_DISPATCH_ON 1
+#endif
+#ifndef SYS_USER_DISPATCH
+#define SYS_USER_DISPATCH 2
+#endif
+#define SA_RESTORER 0x04000000 /* the kernel's flag; glibc keeps it to itself */
+
+/* ---- the trampoline page: every syscall we make on the program's behalf, and our restorer */
+
+__asm__(".pushsection al_sud_text,\"ax\",@progbits\n"
+        ".balign 4096\n"
+        ".globl _al_sud_syscall\n"
+        ".hidden _al_sud_syscall\n"
+        "_al_sud_syscall:\n"          /* long (nr, a1, a2, a3, a4, a5, a6) */
+        "  mov %rdi, %rax\n"
+        "  mov %rsi, %rdi\n"
+        "  mov %rdx, %rsi\n"
+        "  mov %rcx, %rdx\n"
+        "  mov %r8, %r10\n"
+        "  mov %r9, %r8\n"
+        "  mov 8(%rsp), %r9\n"
+        "  syscall\n"
+        "  ret\n"
+        ".globl _al_sud_restorer\n"
+        ".hidden _al_sud_restorer\n"
+        "_al_sud_restorer:\n"
+        "  mov $15, %rax\n"           /* rt_sigreturn */
+        "  syscall\n"
+        "  ud2\n"
+        ".balign 64\n"
+        ".popsection\n");
+
+extern long _al_sud_syscall(long nr, long a1, long a2, long a3, long a4, long a5, long a6);
+extern void _al_sud_restorer(void);
+extern char __start_al_sud_text[], __stop_al_sud_text[];
+
+struct al_syscalls_state _al_syscalls;
+
+static const int tracked[AL_SYS_N] = {
+    [AL_SYS_MMAP] = SYS_mmap, [AL_SYS_MUNMAP] = SYS_munmap, [AL_SYS_MREMAP] = SYS_mremap,
+    [AL_SYS_BRK] = SYS_brk, [AL_SYS_MADVISE] = SYS_madvise, [AL_SYS_MPROTECT] = SYS_mprotect,
+    [AL_SYS_FUTEX] = SYS_futex,
+};
+
+static const char *const names[AL_SYS_N] = {
+    "mmap", "munmap", "mremap", "brk", "madvise", "mprotect", "futex",
+};
+
+const char *_al_syscall_name(unsigned k)
+{
+    return k < AL_SYS_N ? names[k] : "?";
+}
+
+static int kind_of(long nr)
+{
+    for (int k = 0; k < AL_SYS_N; k++)
+        if (tracked[k] == nr)
+            return k;
+    return -1;
+}
+
+/* Counts one call made inside the allocator call T is in. */
+void _al_syscall_account(struct al_thread *t, int kind, uint64_t cycles, bool futex_wait)
+{
+    if (!t || !t->in_call || kind < 0)
+        return;
+    unsigned slot = t->in_call - 1; /* op * 2 + large */
+    AL_BUMP(t->sys.count[kind][slot], 1);
+    AL_BUMP(t->sys.cycles[kind][slot], cycles);
+    if (futex_wait)
+        AL_BUMP(t->sys.futex_waits, 1);
+}
+
+/* ---- SIGSYS ------------------------------------------------------------------------------ */
+
+static struct sigaction program_sigsys; /* what the program asked for SIGSYS */
+static _Atomic int program_sigsys_set;
+
+static void forward_to_program(int sig, siginfo_t *si, void *ctx)
+{
+    struct sigaction a = program_sigsys;
+    if (!atomic_load(&program_sigsys_set) || a.sa_handler == SIG_DFL) {
+        /* As without us: the default action, which ends the process with a core. The
+         * sigaction wrapper would only record the request: ask the kernel directly. */
+        struct {
+            void *handler;
+            unsigned long flags;
+            void *restorer;
+            uint64_t mask;
+        } dfl = { SIG_DFL, 0, NULL, 0 };
+        syscall(SYS_rt_sigaction, SIGSYS, &dfl, NULL, 8);
+        raise(SIGSYS);
+        return;
+    }
+    if (a.sa_handler == SIG_IGN)
+        return;
+    if (a.sa_flags & SA_SIGINFO)
+        a.sa_sigaction(sig, si, ctx);
+    else
+        a.sa_handler(sig);
+}
+
+static void sigsys(int sig, siginfo_t *si, void *ctx)
+{
+    if (si->si_code != SYS_USER_DISPATCH) {
+        forward_to_program(sig, si, ctx);
+        return;
+    }
+    struct al_thread *t = _al_tls;
+    ucontext_t *uc = ctx;
+    greg_t *g = uc->uc_mcontext.gregs;
+    long nr = si->si_syscall;
+    int kind = kind_of(nr);
+    if (t)
+        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    if (kind < 0) {
+        /* Not one we account for (or one that must not run inside a handler): run it
+         * natively where it was made, with the selector open for the rest of this call. */
+        g[REG_RIP] = (greg_t)(uintptr_t)si->si_call_addr;
+        g[REG_RAX] = nr;
+        return;
+    }
+    int saved = errno;
+    uint64_t c0 = _al_tsc();
+    long r = _al_sud_syscall(nr, g[REG_RDI], g[REG_RSI], g[REG_RDX], g[REG_R10], g[REG_R8], g[REG_R9]);
+    uint64_t c1 = _al_tsc();
+    g[REG_RAX] = r;
+    bool wait = kind == AL_SYS_FUTEX && ((g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT ||
+                                         (g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT_BITSET);
+    _al_syscall_account(t, kind, c1 - c0, wait);
+    errno = saved;
+    if (t)
+        t->sud_selector = SYSCALL_DISPATCH_FILTER_BLOCK;
+}
+
+/* Installs our SIGSYS handler with our own restorer: glibc's sigaction always supplies its
+ * own, whose rt_sigreturn would be outside the trampoline page. */
+static int install_handler(void)
+{
+    struct {
+        void *handler;
+        unsigned long flags;
+        void *restorer;
+        uint64_t mask;
+    } k = { (void *)sigsys, SA_SIGINFO | SA_RESTORER | SA_RESTART | SA_ONSTACK, (void *)_al_sud_restorer, 0 };
+    struct sigaction old;
+    if (sigaction(SIGSYS, NULL, &old) == 0 && old.sa_handler != SIG_DFL) {
+        program_sigsys = old;
+        atomic_store(&program_sigsys_set, 1);
+    }
+    int r = (int)syscall(SYS_rt_sigaction, SIGSYS, &k, NULL, 8);
+    _al_syscalls.handler_installed = r == 0;
+    return r;
+}
+
+void _al_syscalls_init(void)
+{
+    if (install_handler() < 0) {
+        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
+                 "cannot install the SIGSYS handler (%s): calls through libc's wrappers only", strerror(errno));
+        return;
+    }
+    /* Probe on this thread: the kernel may lack syscall user dispatch, or a seccomp filter
+     * may refuse the prctl. */
+    char sel = SYSCALL_DISPATCH_FILTER_ALLOW;
+    if (prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, (unsigned long)__start_al_sud_text,
+              (unsigned long)(__stop_al_sud_text - __start_al_sud_text), &sel) < 0) {
+        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
+                 "no syscall user dispatch here (%s): only calls made through libc's wrappers "
+                 "(mmap, munmap, ...) are seen, not glibc malloc's internal ones", strerror(errno));
+        _al_syscalls.fallback = true;
+        return;
+    }
+    prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0, 0, 0);
+    _al_syscalls.dispatch = true;
+}
+
+void _al_syscalls_thread_init(struct al_thread *t)
+{
+    t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    if (!_al_syscalls.dispatch)
+        return;
+    prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, (unsigned long)__start_al_sud_text,
+          (unsigned long)(__stop_al_sud_text - __start_al_sud_text), &t->sud_selector);
+}
+
+/* ---- the program's own SIGSYS handler ---------------------------------------------------- */
+
+bool _al_syscalls_owns_sigsys(void)
+{
+    return _al_syscalls.dispatch || _al_syscalls.handler_installed;
+}
+
+int _al_syscalls_program_sigaction(const struct sigaction *act, struct sigaction *old)
+{
+    if (old) {
+        if (atomic_load(&program_sigsys_set))
+            *old = program_sigsys;
+        else
+            memset(old, 0, sizeof *old); /* SIG_DFL */
+    }
+    if (act) {
+        program_sigsys = *act;
+        atomic_store(&program_sigsys_set, 1);
+    }
+    return 0;
+}
