@@ -36,9 +36,8 @@ const struct al_option _al_options[AL_OPT_N] = {
         "empty: no event counting" },
     [AL_OPT_SAMPLE_EVERY] = { "sample-every", "ALLOCLENS_SAMPLE_EVERY", AL_OPT_INT, "100", 1, 1000000,
         "count events around 1 allocator call in N" },
-    [AL_OPT_SYSCALLS] = { "syscalls", "ALLOCLENS_SYSCALLS", AL_OPT_INT, "0", 0, 1,
-        "1: count the allocator's own system calls with syscall user dispatch (experimental: "
-        "see the README's known problems); 0: off" },
+    [AL_OPT_SYSCALLS] = { "syscalls", "ALLOCLENS_SYSCALLS", AL_OPT_INT, "1", 0, 1,
+        "1: count the allocator's own system calls, with syscall user dispatch; 0: off" },
     [AL_OPT_ALLOCATOR] = { "allocator", "ALLOCLENS_ALLOCATOR", AL_OPT_STRING, "", 0, 0,
         "path of the allocator library asked for; the report warns when another one serves "
         "the calls (set by 'alloclens run -a')", true },

@@ -102,7 +102,7 @@ void _al_process_start(void)
             _al_syscalls_init();
         else
             snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                     "off: --syscalls 1 (ALLOCLENS_SYSCALLS=1) counts them; experimental in this version");
+                     "off (--syscalls 0)");
         if (_al_settings.events) {
             _al_counters_init(strcmp(_al_settings.events, "default") ? _al_settings.events : NULL,
                               _al_settings.sample_every);

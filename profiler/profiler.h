@@ -222,7 +222,6 @@ struct al_thread_syscalls {
 
 struct al_syscalls_state {
     bool dispatch;           /* syscall user dispatch works here */
-    bool fallback;           /* it does not: libc wrappers count instead */
     bool handler_installed;
     char reason[256];
 };

@@ -161,7 +161,7 @@ static void syscalls(struct al_buf *b, const struct al_report *r)
     const struct al_thread_syscalls *s = &r->measure.sys;
     _al_buf_puts(b, "  \"syscalls\": [");
     bool any = false;
-    for (unsigned k = 0; k < AL_SYS_N; k++) {
+    for (unsigned k = 0; _al_syscalls.dispatch && k < AL_SYS_N; k++) {
         uint64_t count = 0, cycles = 0;
         for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {
             count += s->count[k][i];
@@ -193,10 +193,6 @@ static void syscalls(struct al_buf *b, const struct al_report *r)
     _al_buf_puts(b, "\n  ],\n  \"syscalls_info\": { \"available\": ");
     if (_al_syscalls.dispatch) {
         _al_buf_puts(b, "true, \"source\": \"syscall user dispatch\" },\n");
-    } else if (_al_syscalls.fallback) {
-        _al_buf_puts(b, "true, \"source\": \"libc wrappers\", \"reason\": ");
-        _al_buf_json_str(b, _al_syscalls.reason);
-        _al_buf_puts(b, " },\n");
     } else {
         _al_buf_puts(b, "false, \"reason\": ");
         _al_buf_json_str(b, _al_syscalls.reason[0] ? _al_syscalls.reason : "not set up");

@@ -103,8 +103,8 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
         _al_buf_printf(b, "\ncounters     unavailable: %s\n", c->reason);
     }
     _al_buf_puts(b, "memory       unavailable: memory waste accounting is not in this build yet\n");
-    if (_al_syscalls.dispatch || _al_syscalls.fallback) {
-        _al_buf_printf(b, "syscalls     inside allocator calls (%s):", _al_syscalls.dispatch ? "syscall user dispatch" : "libc wrappers only");
+    if (_al_syscalls.dispatch) {
+        _al_buf_puts(b, "syscalls     inside allocator calls (syscall user dispatch):");
         for (unsigned k = 0; k < AL_SYS_N; k++) {
             uint64_t n = 0, cyc = 0;
             for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {

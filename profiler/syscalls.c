@@ -5,15 +5,16 @@
  * they are caught with Linux syscall user dispatch: each thread asks the kernel to turn every
  * system call made outside our own trampoline page into a SIGSYS, but only while its selector
  * byte says "block", which the entry points set for the duration of the real allocator call.
- * The SIGSYS handler performs the call from the trampoline page, timed, and accounts for it.
- * A call it should not perform from a signal handler (rt_sigreturn of another handler,
- * clone, anything it does not account for) is restarted where it was made with the selector
- * open, so it runs natively. Our handler returns through a restorer in the trampoline page.
+ * The SIGSYS handler performs the call from the trampoline page, timed, and accounts for the
+ * kinds above. A change of the signal mask is applied to the mask our sigreturn restores; a
+ * call that cannot be made from a signal handler (rt_sigreturn of another handler, clone,
+ * exec, sigsuspend...) is restarted where it was made with the selector open, so it runs
+ * natively. Our handler returns through a restorer in the trampoline page.
  *
  * SIGSYS signals that are not ours (seccomp's, the program's own raise) go to the handler the
  * program installed, which the sigaction/signal wrappers record instead of installing. Where
- * the kernel lacks syscall user dispatch, the libc wrappers (mmap, munmap, ...) count the calls
- * the allocator makes through them, and the report says that internal calls are not seen.
+ * the kernel lacks syscall user dispatch (or a seccomp filter refuses it), the section is
+ * reported unavailable with the reason.
  */
 #include <errno.h>
 #include <signal.h>
@@ -131,6 +132,38 @@ static void forward_to_program(int sig, siginfo_t *si, void *ctx)
         a.sa_handler(sig);
 }
 
+static bool must_run_in_place(long nr)
+{
+    switch (nr) {
+    case SYS_rt_sigreturn: case SYS_clone: case SYS_clone3: case SYS_fork: case SYS_vfork:
+    case SYS_execve: case SYS_execveat: case SYS_sigaltstack: case SYS_rt_sigsuspend:
+    case SYS_rt_sigtimedwait: case SYS_pause: case SYS_exit:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static long emulate_sigprocmask(ucontext_t *uc, int how, const uint64_t *set, uint64_t *old, size_t size)
+{
+    if (size != 8)
+        return -EINVAL;
+    uint64_t *mask = (uint64_t *)&uc->uc_sigmask;
+    if (old)
+        *old = *mask;
+    if (!set)
+        return 0;
+    uint64_t v = *set, keep = (1ull << (SIGKILL - 1)) | (1ull << (SIGSTOP - 1)) | (1ull << (SIGSYS - 1));
+    switch (how) {
+    case SIG_BLOCK: *mask |= v; break;
+    case SIG_UNBLOCK: *mask &= ~v; break;
+    case SIG_SETMASK: *mask = v; break;
+    default: return -EINVAL;
+    }
+    *mask &= ~keep;
+    return 0;
+}
+
 static void sigsys(int sig, siginfo_t *si, void *ctx)
 {
     if (si->si_code != SYS_USER_DISPATCH) {
@@ -144,9 +177,19 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
     int kind = kind_of(nr);
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
-    if (kind < 0) {
-        /* Not one we account for (or one that must not run inside a handler): run it
-         * natively where it was made, with the selector open for the rest of this call. */
+    if (nr == SYS_rt_sigprocmask) {
+        /* Performed here, the change would be undone by our own sigreturn: apply it to the
+         * mask that sigreturn restores. SIGSYS itself stays deliverable. */
+        g[REG_RAX] = emulate_sigprocmask(uc, (int)g[REG_RDI], (const uint64_t *)g[REG_RSI],
+                                         (uint64_t *)g[REG_RDX], (size_t)g[REG_R10]);
+        if (t)
+            t->sud_selector = SYSCALL_DISPATCH_FILTER_BLOCK;
+        return;
+    }
+    if (must_run_in_place(nr)) {
+        /* A call that cannot be made from a signal handler (it returns elsewhere, or works on
+         * the handler's own frame): run it natively where it was made, with the selector open
+         * for the rest of this allocator call. */
         g[REG_RIP] = (greg_t)(uintptr_t)si->si_call_addr;
         g[REG_RAX] = nr;
         return;
@@ -158,7 +201,8 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
     g[REG_RAX] = r;
     bool wait = kind == AL_SYS_FUTEX && ((g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT ||
                                          (g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT_BITSET);
-    _al_syscall_account(t, kind, c1 - c0, wait);
+    if (kind >= 0)
+        _al_syscall_account(t, kind, c1 - c0, wait);
     errno = saved;
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_BLOCK;
@@ -187,8 +231,8 @@ static int install_handler(void)
 void _al_syscalls_init(void)
 {
     if (install_handler() < 0) {
-        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                 "cannot install the SIGSYS handler (%s): calls through libc's wrappers only", strerror(errno));
+        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason, "cannot install the SIGSYS handler (%s)",
+                 strerror(errno));
         return;
     }
     /* Probe on this thread: the kernel may lack syscall user dispatch, or a seccomp filter
@@ -197,9 +241,14 @@ void _al_syscalls_init(void)
     if (prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, (unsigned long)__start_al_sud_text,
               (unsigned long)(__stop_al_sud_text - __start_al_sud_text), &sel) < 0) {
         snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                 "no syscall user dispatch here (%s): only calls made through libc's wrappers "
-                 "(mmap, munmap, ...) are seen, not glibc malloc's internal ones", strerror(errno));
-        _al_syscalls.fallback = true;
+                 "no syscall user dispatch here (prctl: %s); it needs Linux 5.11 and no seccomp filter "
+                 "refusing it", strerror(errno));
+        /* Our handler stays, passing every SIGSYS on: put the program's own back instead. */
+        struct sigaction prev = program_sigsys;
+        if (!atomic_load(&program_sigsys_set))
+            prev = (struct sigaction){ .sa_handler = SIG_DFL };
+        _al_syscalls.handler_installed = false;
+        sigaction(SIGSYS, &prev, NULL);
         return;
     }
     prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0, 0, 0);
