@@ -53,7 +53,8 @@
     static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
     {                                                                                  \
-        if (AL_UNLIKELY(p && (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))               \
+        if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                               \
+                        (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))                    \
             _al_sample_free(p);                                                        \
         return timed_re_##sym(t, AL_STRIP(args));                                      \
     }                                                                                  \
@@ -84,14 +85,17 @@
     static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
                                                                   AL_STRIP(params))    \
     {                                                                                  \
-        unsigned flags = p ? _al_shadow_flags(p) : 0;                                  \
-        if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                    \
-            _al_sample_free(p);                                                        \
         if (AL_UNLIKELY(!_al_full)) {                                                  \
+            if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                           \
+                            (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))                \
+                _al_sample_free(p);                                                    \
             _al_real.sym args;                                                         \
             _al_count_free(t, AL_OP_##op);                                             \
             return;                                                                    \
         }                                                                              \
+        unsigned flags = p ? _al_shadow_flags(p) : 0;                                  \
+        if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                    \
+            _al_sample_free(p);                                                        \
         unsigned large = (flags & AL_SHADOW_LARGE) != 0;                               \
         bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \

@@ -185,6 +185,7 @@ struct al_settings {
     const char *pprof;      /* pprof heap profile path, or NULL */
     const char *events;     /* events to count, or NULL for the default set */
     unsigned sample_every;  /* count events around 1 op in N */
+    bool sample_every_set;  /* given explicitly */
     bool syscalls;          /* count the allocator's system calls (syscall user dispatch) */
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */

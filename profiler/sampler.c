@@ -41,6 +41,7 @@ struct sample {
 };
 
 struct al_sampler _al_sampler;
+uint8_t _al_sample_pages[AL_SAMPLE_PAGES];
 
 /* Live samples sit densely in samples[0, nsamples) (a free moves the last one into the hole),
  * found by address through an open-addressing index. */
@@ -165,6 +166,7 @@ void _al_sampler_atfork_child(void)
     if (_al_sampler.enabled) {
         for (uint64_t i = 0; i < s.nsamples; i++)
             _al_shadow_set_sampled((void *)s.samples[i].addr, false);
+        memset(_al_sample_pages, 0, sizeof _al_sample_pages);
         madvise(s.samples, (size_t)SAMPLES_CAP * sizeof(struct sample), MADV_DONTNEED);
         madvise(s.slots, (size_t)SLOTS * sizeof(struct slot), MADV_DONTNEED);
         madvise(_al_sampler.sites, (size_t)AL_SITES_MAX * sizeof(struct al_site), MADV_DONTNEED);
@@ -288,6 +290,9 @@ static void forget(struct sample *e, uint64_t now)
     st->life_cycles[_al_hist_bucket(life)]++;
     st->nlife++;
     _al_shadow_set_sampled((void *)e->addr, false);
+    uint8_t *c = &_al_sample_pages[_al_sample_page((void *)e->addr)];
+    if (*c && *c != UINT8_MAX) /* a saturated counter stays: only costs a shadow lookup */
+        __atomic_store_n(c, *c - 1, __ATOMIC_RELAXED);
     erase(e);
 }
 
@@ -391,6 +396,9 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
         sl->idx = (uint32_t)s.nsamples;
         s.samples[s.nsamples++] = (struct sample){ (uintptr_t)p, id, size, usable, now, objects, bytes };
         _al_shadow_set_sampled(p, true);
+        uint8_t *c = &_al_sample_pages[_al_sample_page(p)];
+        if (*c != UINT8_MAX)
+            __atomic_store_n(c, *c + 1, __ATOMIC_RELAXED);
         st->live_bytes += bytes;
         st->live_objects += objects;
         s.live_bytes += bytes;

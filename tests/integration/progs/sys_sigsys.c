@@ -1,0 +1,111 @@
+/* sys_sigsys: the program's own SIGSYS handling must be untouched by a profiler that uses
+ * syscall user dispatch (which delivers SIGSYS itself).
+ *  part 1: own SA_SIGINFO handler; raise(SIGSYS) twice with allocations in between; prints the
+ *          count and the si_code seen.
+ *  part 2: no_new_privs + a seccomp filter: getppid -> ERRNO(EPERM), getpgrp? no: uname ->
+ *          TRAP (SIGSYS to our handler); then a lot of allocation including 33 MiB blocks, and
+ *          the filtered calls; prints what it saw. */
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t seen, last_code, last_sysno, trap_seen;
+
+static void handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    if (si->si_code == SI_TKILL || si->si_code == SI_USER) {
+        seen++;
+        last_code = si->si_code;
+    } else {
+        trap_seen++;
+        last_code = si->si_code;
+        last_sysno = si->si_syscall;
+        /* the trapped syscall returns whatever is in the return register: leave it (-ENOSYS
+         * is what the kernel puts there) */
+    }
+}
+
+static void churn(int rounds)
+{
+    for (int r = 0; r < rounds; r++) {
+        void *v[256];
+        for (int i = 0; i < 256; i++) {
+            v[i] = malloc((size_t)(16 + 37 * i));
+            memset(v[i], i, 16);
+        }
+        for (int i = 0; i < 256; i++)
+            free(v[i]);
+        char *big = malloc(33u << 20);
+        if (!big)
+            abort();
+        big[0] = 1;
+        big = realloc(big, 34u << 20);
+        big[1] = 2;
+        free(big);
+    }
+}
+
+int main(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSYS, &sa, NULL))
+        return 10;
+
+    raise(SIGSYS);
+    churn(3);
+    raise(SIGSYS);
+    printf("raise: seen=%d si_code=%d\n", (int)seen, (int)last_code);
+    fflush(stdout);
+
+    /* the handler must still be ours */
+    struct sigaction cur;
+    sigaction(SIGSYS, NULL, &cur);
+    printf("handler still ours: %d\n", cur.sa_sigaction == handler && (cur.sa_flags & SA_SIGINFO));
+
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getppid, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_uname, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { .len = sizeof f / sizeof f[0], .filter = f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+        return 11;
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+        return 12;
+
+    churn(5);
+    errno = 0;
+    long r = syscall(SYS_getppid);
+    int e = errno;
+    printf("getppid: ret=%ld errno=%s\n", r, e == EPERM ? "EPERM" : strerror(e));
+    churn(2);
+    struct utsname u;
+    long ru = syscall(SYS_uname, &u);
+    printf("uname: ret=%ld trapped=%d si_code=%d sysno_is_uname=%d\n", ru, (int)trap_seen,
+           (int)last_code, last_sysno == SYS_uname);
+    churn(2);
+    printf("done\n");
+    return 0;
+}

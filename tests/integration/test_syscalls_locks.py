@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Allocator system calls, lock contention and per-op event counters, against programs that
+print their own truth; and a program's own SIGSYS / seccomp use unchanged by syscall user dispatch.
+
+argv: sys_big sys_contend sys_faults sys_sigsys
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from altest import Tap, allocators, run, tmpdir
+
+BIG, CONTEND, FAULTS, SIGSYS = sys.argv[1:5]
+K = 20
+BIG_SIZE = 33 << 20
+
+tap = Tap()
+allocs = allocators()
+wd = tmpdir()
+
+
+def syscalls(report):
+    return {s["name"]: s for s in (report or {}).get("syscalls", [])}
+
+
+def in_op(sc, name, key, field="by_op"):
+    return sc.get(name, {}).get(field, {}).get(key, 0)
+
+
+def profile(sc):
+    return ", ".join(f"{n}={s['count']} {s.get('by_op_size_class', {})}"
+                     for n, s in sc.items() if s.get("count"))
+
+
+def strace_big_unmaps(lib):
+    """munmap calls of at least 33 MiB the plain run (allocator preloaded) makes, by strace;
+    None when strace cannot run here."""
+    if not shutil.which("strace"):
+        return None
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if lib:
+        env["LD_PRELOAD"] = lib
+    p = subprocess.run(["strace", "-f", "-e", "trace=munmap", BIG], env=env,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    return sum(1 for m in re.finditer(r"munmap\(0x[0-9a-f]+, (\d+)\)", p.stderr)
+               if int(m.group(1)) >= BIG_SIZE)
+
+
+# 1. sys_big: K allocations of 33 MiB, one at a time.
+glibc_prof = None
+for name in allocs:
+    proc, rep = run(name, [BIG], wd, name=f"big-{name}")
+    if not tap.ok(proc.returncode == 0 and proc.stdout.decode().split() == [str(K)] and rep,
+                  f"sys_big under {name}: ran, printed {K}, wrote a report",
+                  proc.stderr.decode()[-2000:]):
+        continue
+    sc = syscalls(rep)
+    info = rep.get("syscalls_info", {})
+    tap.diag(f"{name} (large threshold {rep.get('allocator', {}).get('large_threshold')}): "
+             f"{profile(sc) or 'no allocator syscalls'}")
+    tap.ok(info.get("available") is True and info.get("source") == "syscall user dispatch",
+           f"sys_big under {name}: syscalls_info available, source syscall user dispatch", info)
+    if name == "glibc":
+        glibc_prof = sc
+        mm = in_op(sc, "mmap", "malloc/large", "by_op_size_class")
+        mu = in_op(sc, "munmap", "free/large", "by_op_size_class")
+        tap.ok(mm >= K, f"sys_big under glibc: mmap in malloc/large >= {K} (got {mm})", sc.get("mmap"))
+        tap.ok(mu >= K, f"sys_big under glibc: munmap in free/large >= {K} (got {mu})", sc.get("munmap"))
+        continue
+    munmap_free = in_op(sc, "munmap", "free")
+    madv = sc.get("madvise", {}).get("count", 0)
+    differs = munmap_free != K or madv > 0
+    if differs:
+        tap.ok(True, f"sys_big under {name}: syscall profile differs from glibc's "
+                     f"(munmap in free {munmap_free}, madvise {madv})")
+    else:
+        # Same shape as glibc (mimalloc 2.x maps and unmaps each huge segment itself): then the
+        # count must be the truth, which strace of the plain run gives.
+        truth = strace_big_unmaps(allocs[name])
+        if truth is None:
+            tap.skip(f"sys_big under {name}: munmap in free matches the plain run's strace",
+                     "strace unusable here")
+        else:
+            tap.ok(munmap_free == truth,
+                   f"sys_big under {name}: same profile as glibc; munmap in free {munmap_free} "
+                   f"== {truth} unmaps of >= 33 MiB that strace sees in the plain run")
+
+# 2. sys_contend under jemalloc, every malloc/free through one arena's bin lock.
+if "jemalloc" in allocs:
+    env = dict(os.environ, MALLOC_CONF="narenas:1,tcache:false")
+    sums = {}
+    for t in (1, 4):
+        proc, rep = run("jemalloc", [CONTEND, str(t)], wd, name=f"contend-{t}", env=env)
+        locks = (rep or {}).get("locks", {})
+        ls = locks.get("locks", [])
+        acq = sum(l.get("acquisitions", 0) for l in ls)
+        cont = sum(l.get("contended", 0) for l in ls)
+        sums[t] = (acq, cont)
+        tap.ok(proc.returncode == 0 and proc.stdout.decode().split() == [str(t), str(t * 200000)]
+               and locks.get("available") is True,
+               f"sys_contend {t} under jemalloc: ran, locks section available",
+               proc.stderr.decode()[-2000:])
+        tap.diag(f"T={t}: {len(ls)} locks, acquisitions {acq}, contended {cont}, "
+                 f"wait_cycles {sum(l.get('wait_cycles', 0) for l in ls)}, "
+                 f"futex_waits {locks.get('futex_waits')}")
+        tap.ok(acq > 0, f"sys_contend {t} under jemalloc: acquisitions > 0 (got {acq})")
+    tap.ok(sums[4][1] > 0, f"sys_contend 4 under jemalloc: contended > 0 (got {sums[4][1]})")
+    tap.ok(sums[1][1] == 0, f"sys_contend 1 under jemalloc: contended == 0 (got {sums[1][1]})")
+else:
+    tap.skip("sys_contend under jemalloc", "jemalloc not found")
+
+# 3. sys_faults under glibc: one fresh page touched inside every malloc, every op sampled.
+# MALLOC_PERTURB_ (meson sets a random one) makes glibc fill every block inside malloc: then
+# each 1 MiB block (at offset 16 of its mapping) spans 257 pages, all touched in malloc.
+for perturb in (None, "165"):
+    env = dict(os.environ)
+    env.pop("MALLOC_PERTURB_", None)
+    if perturb:
+        env["MALLOC_PERTURB_"] = perturb
+    label = f"sys_faults under glibc (MALLOC_PERTURB_={perturb or 'unset'})"
+    proc, rep = run("glibc", [FAULTS], wd, name=f"faults-{perturb}", env=env,
+                    extra=["--events", "page-faults", "--sample-every", "1"])
+    out = proc.stdout.decode().split()
+    ctr = (rep or {}).get("counters", {})
+    tap.diag(f"{label}: counters {ctr}")
+    if not tap.ok(proc.returncode == 0 and len(out) == 2 and ctr.get("available") is True
+                  and ctr.get("sample_every") == 1,
+                  f"{label}: ran, counters available, sample_every 1",
+                  proc.stderr.decode()[-2000:]):
+        continue
+    n = int(out[0])
+    per_block = 257.0 if perturb else float(out[1])
+    ops = ctr.get("counted_ops", {}).get("malloc", 0)
+    # the program's other mallocs (stdio's buffer) touch no more than a few pages in all
+    expect = n * per_block / ops if ops else float("nan")
+    ev = {e["name"]: e for e in ctr.get("events", [])}
+    per = ev.get("page-faults", {}).get("per_op", {})
+    got = per.get("malloc")
+    tap.ok(ops >= n and got is not None and abs(got - expect) <= 0.1 * expect,
+           f"{label}: page-faults per malloc {got} within 10% of the truth "
+           f"{n}*{per_block}/{ops} = {expect:.3f}", per)
+    tap.ok(per.get("free", 1) <= 0.1, f"{label}: page-faults per free {per.get('free')} ~ 0 (munmap)")
+
+# 4. sys_sigsys: own SIGSYS handler and a seccomp filter, output and status as the plain run.
+def plain(cmd, lib):
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if lib:
+        env["LD_PRELOAD"] = lib
+    return subprocess.run(cmd, env=env, capture_output=True)
+
+
+for name, path in allocs.items():
+    a = plain([SIGSYS], None if name == "glibc" else path)
+    b, _ = run(name, [SIGSYS], wd, name=f"sigsys-{name}")
+    if name == "glibc":
+        tap.ok(a.returncode == 0 and b"seen=2" in a.stdout and b"errno=EPERM" in a.stdout
+               and b"trapped=1" in a.stdout, "sys_sigsys plain run: 2 raised, EPERM, 1 trap",
+               a.stdout.decode() + a.stderr.decode())
+    tap.ok(a.returncode == b.returncode and a.stdout == b.stdout,
+           f"sys_sigsys under {name}: stdout and exit status identical to the plain run",
+           f"plain rc {a.returncode}:\n{a.stdout.decode()}\nalloclens rc {b.returncode}:\n"
+           f"{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
+
+tap.done()
