@@ -129,15 +129,24 @@ class Bench:
         self.cli = cli
         self.tmpdir = tmpdir
         self.extra = shlex.split(args.alloclens_args or "")
+        # --baseline-args: the "plain" side is alloclens too, with these options, so two modes
+        # are compared side by side (e.g. timing only against timing + counters + syscalls).
+        self.base = shlex.split(args.baseline_args) if args.baseline_args is not None else None
         self.json_path = os.path.join(tmpdir, "report.json")
         self.text_path = os.path.join(tmpdir, "report.txt")
 
-    def profiled_argv(self, alloc, cmd):
+    def profiled_argv(self, alloc, cmd, extra=None):
         for p in (self.json_path, self.text_path):
             if os.path.exists(p):
                 os.unlink(p)
         return [self.cli, "run", "-a", alloc, "-o", self.json_path, "--text", self.text_path,
-                *self.extra, "--", *cmd]
+                *(self.extra if extra is None else extra), "--", *cmd]
+
+    def plain_run(self, alloc, cmd, env_plain):
+        """argv and environment of the plain side: the program alone, or the baseline mode."""
+        if self.base is None:
+            return cmd, env_plain
+        return self.profiled_argv(alloc, cmd, self.base), clean_env()
 
     def report_calls(self):
         """Allocation calls the profiler counted in the last profiled run, or None."""
@@ -197,7 +206,7 @@ def bench_malloc(b, name, path, threads, ops):
     counted = []
 
     def plain():
-        f = b.run_program(cmd, env_plain, f"{name} malloc_bench plain", 300)
+        f = b.run_program(*b.plain_run(name, cmd, env_plain), f"{name} malloc_bench plain", 300)
         calls_seen.add(int(f["calls"]))
         return int(f["elapsed_ns"])
 
@@ -243,7 +252,7 @@ def bench_pair(b, name, path):
     tsc = []
 
     def plain():
-        f = b.run_program(cmd, env_plain, f"{name} rdtsc_cost plain", 120)
+        f = b.run_program(*b.plain_run(name, cmd, env_plain), f"{name} rdtsc_cost plain", 120)
         tsc.append(float(f["rdtsc_pair_ns"]))
         return float(f["malloc_free_pair_ns"])
 
@@ -452,6 +461,10 @@ def main():
                     "--quick 3)")
     ap.add_argument("--alloclens-args", default="",
                     help="extra options for `alloclens run`, e.g. \"--mode sample\"")
+    ap.add_argument("--baseline-args", default=None,
+                    help="compare against alloclens run with these options instead of the plain "
+                    "program (malloc_bench and the malloc+free pair; implies --skip-redis), e.g. "
+                    "--baseline-args \"--events off --syscalls 0\"")
     ap.add_argument("--skip-redis", action="store_true", help="leave out the redis workload")
     ap.add_argument("--quick", action="store_true",
                     help="3 runs, shorter workloads (a rough figure in about a quarter of "
@@ -514,6 +527,8 @@ def main():
 
     tools = {t: shutil.which(t) for t in ("redis-server", "redis-benchmark", "redis-cli")}
     redis_note = None
+    if args.baseline_args is not None:
+        args.skip_redis = True
     if not args.skip_redis and not all(tools.values()):
         redis_note = ("redis skipped: not found: " +
                       ", ".join(t for t, p in tools.items() if not p))
