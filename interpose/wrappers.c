@@ -17,12 +17,13 @@
             _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
             return r;                                                                  \
         }                                                                              \
-        bool counted = _al_call_begin(t, AL_OP_##op, (size) >= _al_large_threshold);   \
+        unsigned large = (size) >= _al_large_threshold;                                \
+        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
         void *r = _al_real.sym args;                                                   \
         uint64_t c1 = _al_tsc();                                                       \
         _al_call_end(t, AL_OP_##op, counted);                                          \
-        _al_record_alloc(t, AL_OP_##op, (size), r, c1 - c0);                           \
+        _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
     }
 
@@ -129,7 +130,8 @@
     static inline __attribute__((always_inline)) int timed_##sym(struct al_thread *t,  \
                                                                  AL_STRIP(params))     \
     {                                                                                  \
-        bool counted = _al_full && _al_call_begin(t, AL_OP_##op, (size) >= _al_large_threshold); \
+        unsigned large = (size) >= _al_large_threshold;                                \
+        bool counted = _al_full && _al_call_begin(t, AL_OP_##op, large);               \
         uint64_t c0 = _al_tsc();                                                       \
         int rc = _al_real.sym args;                                                    \
         uint64_t c1 = _al_tsc();                                                       \
@@ -138,7 +140,7 @@
         if (AL_UNLIKELY(!_al_full))                                                    \
             _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);             \
         else                                                                           \
-            _al_record_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL, c1 - c0);   \
+            _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
     }                                                                                  \
     static AL_NOINLINE int slow_##sym params                                           \

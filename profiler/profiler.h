@@ -306,17 +306,16 @@ extern uint64_t _al_large_threshold;
 extern uint64_t _al_tsc_overhead;
 extern struct al_first_call _al_first;
 
-void _al_record_first(struct al_thread *t, unsigned row, uint64_t cycles);
+bool _al_record_first(unsigned row, uint64_t cycles);
 uint64_t *_al_thread_hist_row(struct al_thread *t, unsigned row);
 
 AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles)
 {
     struct al_row *r = &t->rows[row];
     AL_BUMP(r->count, 1);
-    if (AL_UNLIKELY(!atomic_load_explicit(&_al_first.taken, memory_order_relaxed))) {
-        _al_record_first(t, row, cycles);
+    if (AL_UNLIKELY(!atomic_load_explicit(&_al_first.taken, memory_order_relaxed)) &&
+        _al_record_first(row, cycles))
         return;
-    }
     cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
     AL_BUMP(r->timed, 1);
     AL_BUMP(r->cycles, cycles);
@@ -380,10 +379,11 @@ AL_INLINE void _al_sample_countdown(struct al_thread *t, size_t size, void *p)
         _al_sample_alloc(t, size, p);
 }
 
-/* A call that returned address p (NULL: failed) for a request of size bytes. */
-AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, void *p, uint64_t cycles)
+/* A call that returned address p (NULL: failed) for a request of size bytes, of the size class
+ * LARGE (the caller decided it once, before the call). */
+AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, unsigned large, void *p,
+                                uint64_t cycles)
 {
-    unsigned large = size >= _al_large_threshold;
     unsigned reuse = AL_REUSE_NA;
     if (AL_LIKELY(p != NULL))
         reuse = _al_shadow_mark(p, large) ? AL_REUSE_REUSED : AL_REUSE_NEW;

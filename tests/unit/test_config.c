@@ -2,6 +2,8 @@
  * leaves the config empty), the writer (format -> parse gives the same config back), loading
  * files, and the O(1) size -> class table against a brute-force search for every size. */
 #include <check.h>
+
+#include "check_main.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -749,9 +751,5 @@ int main(void)
     tcase_add_test(tc, lookup_small_threshold);
     tcase_add_test(tc, lookup_limits);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return al_check_run(s);
 }

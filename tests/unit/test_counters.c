@@ -4,6 +4,8 @@
  * on a synthetic ring (records across the wrap, malformed records) and on a real sampled
  * page-fault event. */
 #include <check.h>
+
+#include "check_main.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -677,9 +679,5 @@ static Suite *counters_suite(void)
 
 int main(void)
 {
-    SRunner *r = srunner_create(counters_suite());
-    srunner_run_all(r, CK_ENV);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return al_check_run(counters_suite());
 }

@@ -3,6 +3,8 @@
  * provides the resolved-function table itself, so only the pool is linked in, not the
  * exported wrappers. */
 #include <check.h>
+
+#include "check_main.h"
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -81,9 +83,5 @@ int main(void)
     tcase_add_test_raise_signal(tc, pool_exhaustion_aborts_with_a_message, SIGABRT);
     tcase_add_test(tc, mul_size_saturates);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return al_check_run(s);
 }

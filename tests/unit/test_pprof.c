@@ -2,6 +2,8 @@
  * here by a tiny protobuf reader, and read by `go tool pprof` when go is installed), that
  * writing it never calls malloc, and GNU build ids read from ELF files. */
 #include <check.h>
+
+#include "check_main.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -843,9 +845,5 @@ int main(void)
     tcase_add_test(tc, go_tool_pprof_reads_it);
     tcase_add_test(tc, build_ids);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return al_check_run(s);
 }

@@ -2,6 +2,8 @@
  * options parser and settings (garbage values warned about and defaulted), row indexing,
  * the report buffer's JSON escaping. */
 #include <check.h>
+
+#include "check_main.h"
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,9 +228,5 @@ int main(void)
     tcase_add_test(tc, rows_roundtrip);
     tcase_add_test(tc, buf_json_escaping);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return al_check_run(s);
 }

@@ -1,6 +1,8 @@
 /* Unit tests of shadow/: new/reused detection, the large mark, concurrency, addresses the
  * table does not cover. */
 #include <check.h>
+
+#include "check_main.h"
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -109,9 +111,5 @@ int main(void)
     tcase_add_test(tc, beyond_the_table);
     tcase_add_test(tc, concurrent_marks_are_exact);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_ENV);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return al_check_run(s);
 }
