@@ -71,16 +71,20 @@ size_t _al_class_table_bytes(const struct al_alloc_config *c);
 /* Builds the tables in MEM (of _al_class_table_bytes bytes); 0 or -EINVAL. */
 int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config *c, void *mem);
 
+/* The index of the class serving a small request of SIZE bytes (below the threshold). */
+static inline uint32_t _al_class_index(const struct al_class_table *t, uint64_t size)
+{
+    if (size == 0)
+        size = 1;
+    return size <= AL_CLASS_SPLIT ? t->lo[(size - 1) >> t->shift_lo] : t->hi[(size - AL_CLASS_SPLIT - 1) >> t->shift_hi];
+}
+
 /* The class size serving a request of SIZE bytes; 0 when SIZE is large. */
 static inline uint64_t _al_class_of(const struct al_class_table *t, uint64_t size)
 {
     if (size >= t->threshold)
         return 0;
-    if (size == 0)
-        size = 1;
-    uint32_t i = size <= AL_CLASS_SPLIT ? t->lo[(size - 1) >> t->shift_lo]
-                                        : t->hi[(size - AL_CLASS_SPLIT - 1) >> t->shift_hi];
-    return t->classes[i];
+    return t->classes[_al_class_index(t, size)];
 }
 
 #endif

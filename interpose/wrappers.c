@@ -47,17 +47,30 @@
         return timed_##sym(t, AL_STRIP(args));                                         \
     }
 
-/* A sampled object given to realloc is forgotten first: once the allocator has the address
- * back another thread may get it, and sample it. */
+/* An object given to realloc is retired (and forgotten by the sampler) first: once the
+ * allocator has the address back another thread may get it, and record or sample it. */
 #define WRAP_REALLOC(op, sym, params, args, size)                                      \
     TIMED_ALLOC(op, re_##sym, sym, params, args, size)                                 \
     static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
     {                                                                                  \
-        if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                               \
-                        (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))                    \
+        struct al_waste_undo undo;                                                     \
+        unsigned had = 0;                                                              \
+        if (AL_LIKELY(_al_full) && p) {                                                \
+            unsigned flags = _al_shadow_flags(p);                                      \
+            if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                \
+                _al_sample_free(p);                                                    \
+            if (flags & AL_SHADOW_LIVE)                                                \
+                had = _al_waste_retire(t, p, &undo);                                   \
+        } else if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                        \
+                               (_al_shadow_flags(p) & AL_SHADOW_SAMPLED))) {           \
             _al_sample_free(p);                                                        \
-        return timed_re_##sym(t, AL_STRIP(args));                                      \
+        }                                                                              \
+        void *r = timed_re_##sym(t, AL_STRIP(args));                                   \
+        /* Failed: the old object is still the program's. */                          \
+        if (AL_UNLIKELY(had && r == NULL && (size) != 0))                              \
+            _al_waste_restore(t, p, &undo);                                            \
+        return r;                                                                      \
     }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
     {                                                                                  \
@@ -80,8 +93,8 @@
         return timed_##sym(t, AL_STRIP(args));                                         \
     }
 
-/* The size class of a freed object is read before the real free: once the allocator has the
- * address back, another thread may be handed it and re-mark it. */
+/* A freed object's record is retired before the real free: once the allocator has the address
+ * back, another thread may be handed it and record its own object there. */
 #define WRAP_FREE(op, sym, params, args, size)                                         \
     static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
                                                                   AL_STRIP(params))    \
@@ -97,7 +110,7 @@
         unsigned flags = p ? _al_shadow_flags(p) : 0;                                  \
         if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                    \
             _al_sample_free(p);                                                        \
-        unsigned large = (flags & AL_SHADOW_LARGE) != 0;                               \
+        unsigned large = (flags & AL_SHADOW_LIVE) ? _al_waste_retire(t, p, NULL) & 1 : 0; \
         bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
         _al_real.sym args;                                                             \

@@ -78,6 +78,7 @@ static void atfork_child(void)
     image_pid = getpid();
     _al_threads_after_fork_child();
     _al_sampler_atfork_child();
+    _al_waste_after_fork_child();
     _al_report_restart(false);
 }
 
@@ -143,6 +144,10 @@ void _al_process_start(void)
         _al_large_threshold = _al_allocator.config->large_threshold;
         _al_allocator.threshold_source = "config";
     }
+    if (_al_full)
+        _al_waste_init(_al_allocator.config);
+    else
+        snprintf(_al_waste.reason, sizeof _al_waste.reason, "not measured in --mode sample");
     if (_al_allocator.program_defines_malloc)
         _al_log("the program defines malloc itself (%s): alloclens cannot stand in front of "
                 "that allocator and counts only what reaches it", _al_allocator.path);

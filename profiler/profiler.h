@@ -257,6 +257,9 @@ struct al_thread {
     uint64_t ctr_ops[AL_OP_COUNT];
     struct al_thread_syscalls sys;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
+    unsigned tag;            /* 1..255: this thread in the shadow table's line entries */
+    int64_t snap_countdown;  /* bytes to allocate until the next look at the footprint */
+    int64_t (*cls)[3];       /* per size-class row: live objects, requested bytes, extra (waste.c) */
     int64_t sample_countdown; /* bytes until the next sampled allocation */
     uint64_t rng;             /* this thread's generator for the countdowns */
     struct al_thread *next;
@@ -293,6 +296,98 @@ struct al_measure_totals {
  * the caller's arrays. */
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
                          struct al_measure_totals *extra);
+
+/* ---- heap.c: the allocator's heap ranges and their residency ------------------------------- */
+
+void _al_heap_init(void);
+/* From the SIGSYS handler: a system call the allocator made (NR, its arguments, its result). */
+void _al_heap_syscall(long nr, const long *args, long ret);
+void _al_heap_discover(uint64_t a);
+uint64_t _al_heap_discovered(void);
+uint64_t _al_heap_resident(void);
+
+/* ---- waste.c: memory waste, per size class, snapshots at the peak -------------------------- */
+
+enum { AL_CLS_OBJECTS, AL_CLS_REQUESTED, AL_CLS_EXTRA, AL_CLS_N };
+enum { AL_SLOT_OBJECTS, AL_SLOT_REQUESTED, AL_SLOT_INTERNAL, AL_SLOT_BLOWUP, AL_SLOT_N };
+
+#define AL_SNAP_CHECK_BYTES (256 << 10)
+
+struct al_waste_snapshot {
+    bool taken;
+    uint64_t tsc;
+    uint64_t total, live, internal, blowup, objects;
+    int64_t external;              /* total - live - internal - blowup (negative: unbacked) */
+    int64_t (*cls)[AL_SLOT_N];     /* per row */
+};
+
+struct al_waste_state {
+    bool enabled;
+    char reason[256];
+    char classes_reason[768];      /* why there is no per-class table */
+    bool has_table;
+    struct al_class_table table;
+    uint32_t nclasses;             /* rows 0..nclasses-1: the table's classes */
+    uint32_t slot_any, slot_large, nslots; /* small objects without a table; large objects */
+    size_t (*usable)(void *);
+    _Atomic int64_t *blowup;       /* per row: freed bytes not yet taken again */
+    int64_t (*exited)[AL_CLS_N];   /* rows of exited threads */
+    struct al_waste_snapshot peak, final;
+    uint64_t snapshots;
+};
+
+extern struct al_waste_state _al_waste;
+
+struct al_waste_undo {
+    uint64_t requested;
+    uint32_t slot;
+    int64_t extra, bytes;
+    bool odd;
+};
+
+void _al_waste_init(const struct al_alloc_config *c);
+void _al_waste_thread_init(struct al_thread *t);
+void _al_waste_thread_retire(struct al_thread *t);
+unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
+                              unsigned large, bool maybe_odd);
+/* Retires the object at p before the allocator gets it back: 0 where it had no record, else
+ * 2 | large. UNDO (may be NULL) keeps what realloc needs to put it back if it fails. */
+unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *undo);
+void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo *u);
+void _al_waste_check(struct al_thread *t);
+void _al_waste_final(void);
+void _al_waste_after_fork_child(void);
+void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots);
+
+AL_INLINE void _al_waste_countdown(struct al_thread *t, uint64_t req)
+{
+    t->snap_countdown -= (int64_t)req + 16;
+    if (AL_UNLIKELY(t->snap_countdown < 0))
+        _al_waste_check(t);
+}
+
+/* The object a call returned: its record, its class row, blowup, and now and then a look at
+ * the footprint. Returns whether the address was returned before. */
+AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, unsigned large, bool maybe_odd)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region_get(a);
+    if (AL_UNLIKELY(r == NULL))
+        return AL_REUSE_NEW;
+    if (AL_UNLIKELY(!_al_shadow_heap_has(r, a)))
+        _al_heap_discover(a);
+    if (AL_UNLIKELY(large | maybe_odd | !_al_waste.has_table | !t->cls))
+        return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd);
+    uint32_t slot = _al_class_index(&_al_waste.table, req), pages;
+    bool reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
+    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], 1);
+    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], (int64_t)req);
+    _Atomic int64_t *b = &_al_waste.blowup[slot];
+    if (atomic_load_explicit(b, memory_order_relaxed) > 0)
+        atomic_fetch_sub_explicit(b, (int64_t)_al_waste.table.classes[slot], memory_order_relaxed);
+    _al_waste_countdown(t, req);
+    return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
+}
 
 /* ---- record.c: the hot path and its rare work ---------------------------------------------- */
 
@@ -380,13 +475,14 @@ AL_INLINE void _al_sample_countdown(struct al_thread *t, size_t size, void *p)
 }
 
 /* A call that returned address p (NULL: failed) for a request of size bytes, of the size class
- * LARGE (the caller decided it once, before the call). */
+ * LARGE (the caller decided it once, before the call). Only malloc, calloc and new are sure to
+ * get the class the size table says: the others may get a bigger one. */
 AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, unsigned large, void *p,
                                 uint64_t cycles)
 {
     unsigned reuse = AL_REUSE_NA;
     if (AL_LIKELY(p != NULL))
-        reuse = _al_shadow_mark(p, large) ? AL_REUSE_REUSED : AL_REUSE_NEW;
+        reuse = _al_waste_alloc(t, p, size, large, op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW);
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
     _al_sample_countdown(t, size, p);
     t->busy = 0;
@@ -477,10 +573,14 @@ struct al_report {
     unsigned first_row;
     uint64_t first_cycles;
     size_t profiler_bytes;
+    size_t shadow_bytes;   /* of profiler_bytes, the shadow table's (resident) */
+    uint64_t start_tsc;    /* when the image started */
     bool main_image;       /* the run's main process at its exit (not a child, not before exec) */
 };
 
 void _al_report_json(struct al_buf *b, const struct al_report *r);
+void _al_report_memory_json(struct al_buf *b, const struct al_report *r);
+void _al_report_memory_text(struct al_buf *b, const struct al_report *r);
 void _al_report_text(struct al_buf *b, const struct al_report *r);
 
 enum al_report_kind { AL_REPORT_EXIT, AL_REPORT_EXEC };

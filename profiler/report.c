@@ -75,7 +75,10 @@ static void gather(struct al_report *r, bool has_status, int status)
         r->first_row = _al_first.row;
         r->first_cycles = _al_first.cycles;
     }
-    r->profiler_bytes = _al_mem_footprint() + _al_shadow_footprint();
+    _al_waste_final();
+    r->start_tsc = image_start.tsc;
+    r->shadow_bytes = _al_shadow_footprint();
+    r->profiler_bytes = _al_mem_footprint() + r->shadow_bytes;
 }
 
 static uint64_t total_calls(const struct al_report *r)

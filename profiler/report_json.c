@@ -249,10 +249,10 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
     }
     _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": %llu },\n",
                    r->cycles_per_ns, (unsigned long long)_al_tsc_overhead);
-    _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu },\n", (unsigned long long)r->profiler_bytes);
+    _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu, \"shadow_bytes\": %llu },\n",
+                   (unsigned long long)r->profiler_bytes, (unsigned long long)r->shadow_bytes);
     counters(b, r);
-    _al_buf_puts(b, "  \"memory\": { \"available\": false, \"reason\": \"memory waste accounting is not in "
-                    "this build yet\", \"peak\": null, \"final\": null },\n");
+    _al_report_memory_json(b, r);
     syscalls(b, r);
     locks(b, r);
     unavailable(b, "friendliness", "access sampling is not in this build yet", false);

@@ -102,7 +102,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     } else {
         _al_buf_printf(b, "\ncounters     unavailable: %s\n", c->reason);
     }
-    _al_buf_puts(b, "memory       unavailable: memory waste accounting is not in this build yet\n");
+    _al_report_memory_text(b, r);
     if (_al_syscalls.dispatch) {
         _al_buf_puts(b, "syscalls     inside allocator calls (syscall user dispatch):");
         for (unsigned k = 0; k < AL_SYS_N; k++) {
@@ -134,5 +134,6 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
                        (unsigned long long)cont, ns(r, (double)wait) / 1e3, (unsigned long long)r->measure.sys.futex_waits);
     }
     _al_report_sites_text(b, r->cycles_per_ns);
-    _al_buf_printf(b, "profiler     %.1f MiB mapped for its own state\n\n", (double)r->profiler_bytes / 1048576.0);
+    _al_buf_printf(b, "profiler     %.1f MiB for its own state (shadow table %.1f MiB)\n\n",
+                   (double)r->profiler_bytes / 1048576.0, (double)r->shadow_bytes / 1048576.0);
 }

@@ -203,6 +203,10 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
                                          (g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT_BITSET);
     if (kind >= 0)
         _al_syscall_account(t, kind, c1 - c0, wait);
+    if (t && t->in_call && (kind == AL_SYS_MMAP || kind == AL_SYS_MUNMAP || kind == AL_SYS_MREMAP || kind == AL_SYS_BRK)) {
+        const long args[3] = { (long)g[REG_RDI], (long)g[REG_RSI], (long)g[REG_RDX] };
+        _al_heap_syscall(nr, args, r);
+    }
     errno = saved;
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_BLOCK;

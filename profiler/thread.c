@@ -143,6 +143,7 @@ static void thread_exit(void *arg)
     lock();
     add_rows(reg.rows, reg.hist, t->rows, t->hist);
     add_extra(&reg.extra, t);
+    _al_waste_thread_retire(t);
     for (struct al_thread **pp = &reg.live; *pp; pp = &(*pp)->next) {
         if (*pp == t) {
             *pp = t->next;
@@ -186,6 +187,7 @@ struct al_thread *_al_thread_attach(void)
     }
     t->busy = 1;
     _al_sampler_thread_init(t);
+    _al_waste_thread_init(t);
     _al_thread_measure_init(t);
     _al_tls = t;
     lock();
@@ -245,6 +247,8 @@ void _al_threads_after_fork_child(void)
         struct al_thread *next = t->next;
         /* The counters count the parent's threads (and their rdpmc pages are not copied). */
         _al_counters_thread_close(&t->ctr);
+        if (t != self)
+            _al_waste_thread_retire(t); /* its objects live on in the child */
         clear_state(t);
         if (t == self) {
             t->next = reg.live;
@@ -282,5 +286,18 @@ void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_t
     tot->max_live = reg.max_live;
     tot->serial_cycles = reg.serial_cycles;
     tot->parallel_cycles = reg.parallel_cycles;
+    unlock();
+}
+
+void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots)
+{
+    lock();
+    for (uint32_t s = 0; _al_waste.exited && s < nslots; s++)
+        for (unsigned k = 0; k < AL_CLS_N; k++)
+            dst[s][k] += _al_waste.exited[s][k];
+    for (struct al_thread *t = reg.live; t; t = t->next)
+        for (uint32_t s = 0; t->cls && s < nslots; s++)
+            for (unsigned k = 0; k < AL_CLS_N; k++)
+                dst[s][k] += AL_READ(t->cls[s][k]);
     unlock();
 }

@@ -1,13 +1,19 @@
 /* The shadow table's level 1 and the creation of region records (the rare path: once per
- * MiB of address space that ever holds an object). */
+ * MiB of address space that ever holds an object), and what the table costs. */
 #include <errno.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "shadow.h"
 
 struct al_shadow _al_shadow;
 
 static size_t dir_bytes;
+
+/* Every region record made, for the footprint: a list that only grows, in its own mapping. */
+#define ALL_MAX (1u << 20)
+static _Atomic(struct al_shadow_region *) *all;
+static _Atomic uint32_t nall;
 
 uint64_t _al_shadow_address_bits(void)
 {
@@ -29,6 +35,13 @@ int _al_shadow_init(void)
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return -errno;
+    void *l = mmap(NULL, ALL_MAX * sizeof *all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (l == MAP_FAILED) {
+        munmap(p, bytes);
+        return -errno;
+    }
+    all = l;
     dir_bytes = bytes;
     _al_shadow.dir = p;
     _al_shadow.dir_entries = entries;
@@ -37,17 +50,20 @@ int _al_shadow_init(void)
 
 /* Installs *slot from a fresh zeroed mapping of SIZE bytes unless another thread got there
  * first; returns what the slot holds. */
-static void *install(_Atomic(void *) *slot, size_t size, _Atomic uint64_t *made)
+static void *install(_Atomic(void *) *slot, size_t size, _Atomic uint64_t *made, bool *won, uint64_t base)
 {
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
+    if (base) /* a region record's first field, set before anyone can see it */
+        *(uint64_t *)p = base;
     void *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel, memory_order_acquire)) {
         munmap(p, size);
         return expected;
     }
     atomic_fetch_add_explicit(made, 1, memory_order_relaxed);
+    *won = true;
     return p;
 }
 
@@ -58,52 +74,71 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
         atomic_fetch_add_explicit(&_al_shadow.untracked, 1, memory_order_relaxed);
         return NULL;
     }
+    bool won = false;
     struct al_shadow_slice *s = atomic_load_explicit(&_al_shadow.dir[d], memory_order_acquire);
     if (!s)
-        s = install((_Atomic(void *) *)&_al_shadow.dir[d], sizeof *s, &_al_shadow.slices);
+        s = install((_Atomic(void *) *)&_al_shadow.dir[d], sizeof *s, &_al_shadow.slices, &won, 0);
     if (!s)
         return NULL;
     _Atomic(struct al_shadow_region *) *slot = &s->region[(a >> AL_SHADOW_REGION_SHIFT) & (AL_SHADOW_SLICE_ENTRIES - 1)];
     struct al_shadow_region *r = atomic_load_explicit(slot, memory_order_acquire);
-    if (!r)
-        r = install((_Atomic(void *) *)slot, sizeof *r, &_al_shadow.regions);
+    if (!r) {
+        won = false;
+        r = install((_Atomic(void *) *)slot, sizeof *r, &_al_shadow.regions, &won,
+                    (a & ~((1ull << AL_SHADOW_REGION_SHIFT) - 1)) | 1);
+        if (won) {
+            uint32_t i = atomic_fetch_add_explicit(&nall, 1, memory_order_relaxed);
+            if (i < ALL_MAX)
+                atomic_store_explicit(&all[i], r, memory_order_release);
+        }
+    }
     return r;
 }
 
-size_t _al_shadow_footprint(void)
+static size_t mapped(uint64_t regions, uint64_t slices)
 {
-    uint64_t regions = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
-    uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
     /* The directory is touched a page at a time: at most one page per slice. */
     size_t dir = slices * 4096 < dir_bytes ? slices * 4096 : dir_bytes;
     return regions * sizeof(struct al_shadow_region) + slices * sizeof(struct al_shadow_slice) + dir;
 }
 
-/* The mark must change: set the seen bit and the large bit as the object wants them. Only the
- * allocation that owns the address changes its bits, but neighbours share the word. */
-bool _al_shadow_mark_slow(_Atomic uint64_t *w, uint64_t old, uint64_t seen, uint64_t big, bool large)
+size_t _al_shadow_mapped(void)
 {
-    if (large)
-        old = atomic_fetch_or_explicit(w, seen | big, memory_order_relaxed);
-    else if (!(old & seen))
-        old = atomic_fetch_or_explicit(w, seen, memory_order_relaxed);
-    if (!large && (old & big))
-        atomic_fetch_and_explicit(w, ~big, memory_order_relaxed);
-    return (old & seen) != 0;
+    return mapped(atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed),
+                  atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed));
+}
+
+/* Region records are mostly untouched address space: count what the kernel backs. */
+size_t _al_shadow_footprint(void)
+{
+    static unsigned char vec[(sizeof(struct al_shadow_region) + 4095) / 4096];
+    uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
+    size_t total = mapped(0, slices);
+    uint32_t n = atomic_load_explicit(&nall, memory_order_relaxed);
+    if (n > ALL_MAX)
+        n = ALL_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        struct al_shadow_region *r = atomic_load_explicit(&all[i], memory_order_acquire);
+        if (!r)
+            continue;
+        if (mincore(r, sizeof *r, vec) < 0) {
+            total += sizeof *r;
+            continue;
+        }
+        for (size_t k = 0; k < sizeof vec; k++)
+            total += (vec[k] & 1) ? 4096 : 0;
+    }
+    return total;
 }
 
 void _al_shadow_set_sampled(const void *p, bool sampled)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    struct al_shadow_region *r = _al_shadow_region(a);
-    if (!r && sampled)
-        r = _al_shadow_region_create(a);
+    struct al_shadow_region *r = sampled ? _al_shadow_region_get(a) : _al_shadow_region(a);
     if (!r)
         return;
-    uint64_t g = AL_SHADOW_GRANULE(a);
-    uint64_t bit = (uint64_t)AL_SHADOW_SAMPLED << ((g % AL_SHADOW_PER_WORD) * AL_SHADOW_BITS);
-    if (sampled)
-        atomic_fetch_or_explicit(&r->marks[g / AL_SHADOW_PER_WORD], bit, memory_order_relaxed);
-    else
-        atomic_fetch_and_explicit(&r->marks[g / AL_SHADOW_PER_WORD], ~bit, memory_order_relaxed);
+    /* The granule is the object's own: only the thread holding it writes its byte. */
+    uint8_t *b = &r->granule[AL_SHADOW_GRANULE(a)];
+    uint8_t v = __atomic_load_n(b, __ATOMIC_RELAXED);
+    __atomic_store_n(b, sampled ? v | AL_SHADOW_SAMPLED : v & ~AL_SHADOW_SAMPLED, __ATOMIC_RELAXED);
 }

@@ -1,13 +1,25 @@
-/* shadow/: the address-space shadow table.
+/* shadow/: the address-space shadow table, in three levels.
  *
- * Level 1 has one entry per 1 MiB of the user address space; each entry points to a region
- * record created on first use from mmap. Level 1 itself comes in 4 GiB slices (4096 entries,
- * 32 KiB) hung off a small directory, both made on first use: a flat reservation over the
- * whole address space would cost nothing in memory but a GiB of address space, and programs
- * run under `ulimit -v` would feel it. A region records, per 8-byte granule (the smallest alignment any allocator
- * hands out), whether an allocation ever returned that address and whether the object that
- * lives there now is large: that gives new/reused detection without any lock and the size
- * class of an object at free time. Page and cache-line levels hang off the same region record.
+ * Level 1 has one entry per 1 MiB of the user address space (47-bit or 56-bit); it comes in
+ * 4 GiB slices (4096 entries, 32 KiB) hung off a small directory, both made on first use: a
+ * flat reservation over the whole address space would cost nothing in memory but a GiB of
+ * address space, and programs run under `ulimit -v` would feel it. Each entry points to a
+ * region record made on first use from mmap, which holds level 2 (256 page entries: bytes in
+ * use on the page) and level 3 (64 cache-line entries per page: bytes in use on the line and
+ * which threads own objects on it). The kernel backs a region record's pages only as they are
+ * written, so an entry costs memory in proportion to the heap it describes.
+ *
+ * The region record also holds, per 8-byte granule (the smallest alignment any allocator hands
+ * out), one byte: four flags (an allocation ever returned this address; the object here now is
+ * live, is sampled, has a class the size table cannot tell) and a nibble of payload. A live
+ * object's record is the payload of its first granules: its requested size (and, for objects
+ * of a page or more, the most pages its address ever covered), written in at most
+ * ceil(requested / 8) nibbles, so it always fits inside the object itself. The granules of a
+ * live object belong to it alone: records are written with plain byte stores, no lock, no
+ * atomic instruction, and grow with the heap, not with the number of objects.
+ *
+ * And it says which of its pages the allocator holds from the kernel (its mmap and brk
+ * ranges), so that the resident heap can be measured at a snapshot.
  */
 #ifndef ALLOCLENS_SHADOW_H
 #define ALLOCLENS_SHADOW_H
@@ -18,14 +30,28 @@
 #include <stdint.h>
 
 #define AL_SHADOW_REGION_SHIFT 20
+#define AL_SHADOW_PAGE_SHIFT 12
+#define AL_SHADOW_LINE_SHIFT 6
 #define AL_SHADOW_GRANULE_SHIFT 3
+#define AL_SHADOW_PAGE_SIZE (1u << AL_SHADOW_PAGE_SHIFT)
+#define AL_SHADOW_PAGES (1u << (AL_SHADOW_REGION_SHIFT - AL_SHADOW_PAGE_SHIFT))
+#define AL_SHADOW_LINES (1u << (AL_SHADOW_PAGE_SHIFT - AL_SHADOW_LINE_SHIFT))
 #define AL_SHADOW_GRANULES (1u << (AL_SHADOW_REGION_SHIFT - AL_SHADOW_GRANULE_SHIFT))
-#define AL_SHADOW_BITS 4 /* per granule: seen, large, sampled */
-#define AL_SHADOW_PER_WORD (64 / AL_SHADOW_BITS)
-#define AL_SHADOW_WORDS (AL_SHADOW_GRANULES / AL_SHADOW_PER_WORD)
+
+/* A line entry: bytes in use (0..64) in bits 0-6, the tag of the first thread owning an
+ * object on the line in bits 7-14 (0: none), bit 15 set once a second thread owns one too. */
+#define AL_LINE_USED_MASK 0x7fu
+#define AL_LINE_OWNER_SHIFT 7
+#define AL_LINE_OWNER_MASK (0xffu << AL_LINE_OWNER_SHIFT)
+#define AL_LINE_SHARED 0x8000u
 
 struct al_shadow_region {
-    _Atomic uint64_t marks[AL_SHADOW_WORDS];
+    uint64_t base;                                  /* the first address described, | 1 */
+    _Atomic int heap_listed;                        /* in the list of heap regions */
+    _Atomic uint64_t heap[AL_SHADOW_PAGES / 64];    /* pages the allocator holds */
+    _Atomic uint32_t page_used[AL_SHADOW_PAGES];    /* level 2 */
+    _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3 */
+    uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4 */
 };
 
 #define AL_SHADOW_SLICE_SHIFT 32
@@ -49,7 +75,9 @@ extern struct al_shadow _al_shadow;
 int _al_shadow_init(void);
 struct al_shadow_region *_al_shadow_region_create(uint64_t address);
 uint64_t _al_shadow_address_bits(void);
+/* Bytes of the table the kernel backs now (resident), and bytes mapped. */
 size_t _al_shadow_footprint(void);
+size_t _al_shadow_mapped(void);
 
 /* The region record of address A, or NULL where none was made yet (or A is beyond the table). */
 static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow_region(uint64_t a)
@@ -64,55 +92,89 @@ static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow
                                 memory_order_acquire);
 }
 
-/* A region records, per 8-byte granule (the smallest alignment any allocator hands out),
- * whether an allocation ever returned that address, whether the object living there now is
- * large, and whether it is a sampled one: new/reused detection without any lock, and an
- * object's class and sampling at free time from one load near the object itself. */
-#define AL_SHADOW_SEEN 1u
-#define AL_SHADOW_LARGE 2u
-#define AL_SHADOW_SAMPLED 4u
-
-#define AL_SHADOW_GRANULE(a) (((a) & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT)
-
-bool _al_shadow_mark_slow(_Atomic uint64_t *w, uint64_t old, uint64_t seen, uint64_t big, bool large);
-
-/* Records that an allocation returned p, for an object of the given class. Returns true when
- * some earlier allocation had already returned p. */
-static inline __attribute__((always_inline)) bool _al_shadow_mark(const void *p, bool large)
+static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow_region_get(uint64_t a)
 {
-    uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region(a);
-    if (__builtin_expect(r == NULL, 0)) {
+    if (__builtin_expect(r == NULL, 0))
         r = _al_shadow_region_create(a);
-        if (!r)
-            return false;
-    }
-    uint64_t g = AL_SHADOW_GRANULE(a);
-    unsigned shift = (unsigned)(g % AL_SHADOW_PER_WORD) * AL_SHADOW_BITS;
-    uint64_t seen = (uint64_t)AL_SHADOW_SEEN << shift, big = (uint64_t)AL_SHADOW_LARGE << shift;
-    _Atomic uint64_t *w = &r->marks[g / AL_SHADOW_PER_WORD];
-    /* Most allocations return an address seen before whose mark is already right: a plain
-     * load settles those. Only a change takes an atomic (other granules share the word). */
-    uint64_t want = large ? seen | big : seen;
-    uint64_t old = atomic_load_explicit(w, memory_order_relaxed);
-    if (__builtin_expect((old & (seen | big)) == want, 1))
-        return true;
-    return _al_shadow_mark_slow(w, old, seen, big, large);
+    return r;
 }
 
-/* The marks of the object at p (about to be freed): AL_SHADOW_LARGE, AL_SHADOW_SAMPLED. */
+#define AL_SHADOW_SEEN 1u
+#define AL_SHADOW_ODD 2u      /* class not the size table's: ask the allocator at free */
+#define AL_SHADOW_SAMPLED 4u
+#define AL_SHADOW_LIVE 8u
+
+#define AL_SHADOW_GRANULE(a) (((a) & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT)
+#define AL_SHADOW_PAGE_INDEX(a) (((a) >> AL_SHADOW_PAGE_SHIFT) & (AL_SHADOW_PAGES - 1))
+
+/* The flags of the object at p: AL_SHADOW_LIVE, AL_SHADOW_SAMPLED, ... (0 where no region). */
 static inline __attribute__((always_inline)) unsigned _al_shadow_flags(const void *p)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region(a);
     if (!r)
         return 0;
-    uint64_t g = AL_SHADOW_GRANULE(a);
-    uint64_t w = atomic_load_explicit(&r->marks[g / AL_SHADOW_PER_WORD], memory_order_relaxed);
-    return (unsigned)(w >> ((g % AL_SHADOW_PER_WORD) * AL_SHADOW_BITS)) & 0xf;
+    return __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED) & 0xfu;
 }
 
 /* Marks or unmarks the object at p as sampled (the rare path). */
 void _al_shadow_set_sampled(const void *p, bool sampled);
+
+/* ---- object.c: the object records ---------------------------------------------------------- */
+
+/* Objects of this many requested bytes or more also record the most pages their address ever
+ * covered, and count in page entries rather than line entries. */
+#define AL_SHADOW_BIG AL_SHADOW_PAGE_SIZE
+
+struct al_shadow_object {
+    uint64_t requested;
+    uint32_t pages;   /* objects of AL_SHADOW_BIG bytes or more: the most pages ever covered */
+    bool odd;
+};
+
+/* The records as nibble strings (exposed for the tests): the nibbles an object of REQ bytes
+ * needs, encoding, decoding. */
+unsigned _al_shadow_record_nibbles(uint64_t req);
+unsigned _al_shadow_record_encode(uint8_t *nib, uint64_t req, uint32_t pages);
+bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req, uint32_t *pages);
+
+/* Records a live object of REQ bytes at p allocated by the thread with tag TAG (1..255), and
+ * the bytes it uses in the page and line entries. Returns whether an earlier allocation had
+ * returned p; *pages is the most pages p ever covered (objects of AL_SHADOW_BIG or more). */
+bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req, bool odd, unsigned tag,
+                           uint32_t *pages);
+/* Retires the live object at p (before the allocator gets it back): false where p holds no
+ * live record (an object made before alloclens started, or outside its view). */
+bool _al_shadow_object_end(struct al_shadow_region *r, uint64_t a, struct al_shadow_object *o);
+
+/* Pages an object of N bytes at A covers. */
+static inline uint32_t _al_shadow_pages_of(uint64_t a, uint64_t n)
+{
+    uint64_t first = a >> AL_SHADOW_PAGE_SHIFT, last = (a + (n ? n : 1) - 1) >> AL_SHADOW_PAGE_SHIFT;
+    return (uint32_t)(last - first + 1);
+}
+
+/* ---- usage.c: levels 2 and 3, bytes in use ------------------------------------------------- */
+
+/* Adds (or, with SIGN -1, removes) the N bytes at A to the page and line entries. */
+void _al_shadow_use(uint64_t a, uint64_t n, int sign, unsigned tag);
+uint32_t _al_shadow_page_used(const void *p);
+uint16_t _al_shadow_line(const void *p); /* the raw line entry */
+
+/* ---- heap.c: the pages the allocator holds from the kernel --------------------------------- */
+
+/* Marks [start, end) as the allocator's (on) or no longer (off). */
+void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on);
+
+static inline __attribute__((always_inline)) bool _al_shadow_heap_has(const struct al_shadow_region *r, uint64_t a)
+{
+    unsigned pg = (unsigned)AL_SHADOW_PAGE_INDEX(a);
+    return (atomic_load_explicit(&r->heap[pg / 64], memory_order_relaxed) >> (pg % 64)) & 1;
+}
+
+/* Calls FN for each maximal run [start, end) of the allocator's pages, in address order
+ * within a region (runs do not cross regions). */
+void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg);
 
 #endif

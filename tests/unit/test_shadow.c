@@ -1,5 +1,5 @@
-/* Unit tests of shadow/: new/reused detection, the large mark, concurrency, addresses the
- * table does not cover. */
+/* Unit tests of shadow/: new/reused detection, object records, page and line entries, heap
+ * pages, concurrency, addresses the table does not cover. */
 #include <check.h>
 
 #include "check_main.h"
@@ -14,38 +14,169 @@ static void setup(void)
         ck_assert_int_eq(_al_shadow_init(), 0);
 }
 
+/* An allocation of REQ bytes at p, as the profiler records it: returns whether p was seen. */
+static bool mark(void *p, uint64_t req)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    uint32_t pages;
+    return _al_shadow_object_new(_al_shadow_region_get(a), a, req, false, 1, &pages);
+}
+
+static bool retire(void *p, struct al_shadow_object *o)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region(a);
+    return r && _al_shadow_object_end(r, a, o);
+}
+
 START_TEST(mark_new_then_reused)
 {
     char *base = (char *)(uintptr_t)0x7f0000100000ull;
-    ck_assert(!_al_shadow_mark(base, false));
-    ck_assert(_al_shadow_mark(base, false));
+    struct al_shadow_object o;
+    ck_assert(!mark(base, 8));
+    ck_assert(retire(base, &o));
+    ck_assert(mark(base, 8));
+    ck_assert(retire(base, &o));
     /* Neighbouring granules are independent. */
-    ck_assert(!_al_shadow_mark(base + 8, false));
-    ck_assert(!_al_shadow_mark(base + 16, false));
-    ck_assert(_al_shadow_mark(base + 8, false));
-    /* Same granule, other offset: the same object start as far as the table cares. */
-    ck_assert(_al_shadow_mark(base + 4, false));
+    ck_assert(!mark(base + 8, 8));
+    ck_assert(!mark(base + 16, 8));
+    ck_assert(retire(base + 8, &o));
+    ck_assert(mark(base + 8, 8));
 }
 END_TEST
 
-START_TEST(large_mark_follows_the_object)
+START_TEST(records_round_trip)
+{
+    /* Every size from 0 to past the largest short form, and big ones, read back exactly; the
+     * record never needs more nibbles than the object has granules. */
+    static const uint64_t big[] = { 4095, 4096, 4097, 65547, 65548, 65549, 1ull << 20, 33ull << 20, 1ull << 40 };
+    uint8_t nib[32];
+    for (uint64_t req = 0; req < 70000 + sizeof big / sizeof *big; req++) {
+        uint64_t n = req < 70000 ? req : big[req - 70000];
+        uint32_t pages_in = n >= AL_SHADOW_BIG ? (uint32_t)(n / 4096 + 2) : 0, pages;
+        unsigned k = _al_shadow_record_encode(nib, n, pages_in);
+        ck_assert_uint_eq(k, _al_shadow_record_nibbles(n));
+        ck_assert_uint_le(k, n < 8 ? 1 : (n + 7) / 8);
+        uint64_t back;
+        ck_assert(_al_shadow_record_decode(nib, k, &back, &pages));
+        ck_assert_uint_eq(back, n);
+        ck_assert_uint_eq(pages, pages_in);
+        if (k > 1)
+            ck_assert(!_al_shadow_record_decode(nib, k - 1, &back, &pages));
+    }
+}
+END_TEST
+
+START_TEST(records_in_the_table)
 {
     char *p = (char *)(uintptr_t)0x7f0000300040ull;
-    ck_assert(!(AL_SHADOW_LARGE & _al_shadow_flags(p)));
-    _al_shadow_mark(p, true);
-    ck_assert((AL_SHADOW_LARGE & _al_shadow_flags(p)));
-    /* A small object at the same address later: no longer large. */
-    _al_shadow_mark(p, false);
-    ck_assert(!(AL_SHADOW_LARGE & _al_shadow_flags(p)));
-    ck_assert(!(AL_SHADOW_LARGE & _al_shadow_flags((char *)(uintptr_t)0x7f0000500000ull))); /* no region there */
-    /* The sampled mark is independent of the others and survives a re-mark of the object. */
+    struct al_shadow_object o;
+    ck_assert(!(AL_SHADOW_LIVE & _al_shadow_flags(p)));
+    mark(p, 300);
+    ck_assert(AL_SHADOW_LIVE & _al_shadow_flags(p));
+    /* A neighbour written right after the object's own granules leaves its record alone. */
+    mark(p + 304, 5);
+    ck_assert(retire(p, &o));
+    ck_assert_uint_eq(o.requested, 300);
+    ck_assert(!o.odd);
+    ck_assert(!retire(p, &o)); /* no longer live: a second free has nothing to retire */
+    ck_assert(retire(p + 304, &o));
+    ck_assert_uint_eq(o.requested, 5);
+    ck_assert(!(AL_SHADOW_LIVE & _al_shadow_flags((char *)(uintptr_t)0x7f0000500000ull))); /* no region there */
+    /* The sampled mark is independent of the record. */
+    mark(p, 40);
     _al_shadow_set_sampled(p, true);
-    ck_assert(_al_shadow_flags(p) & AL_SHADOW_SAMPLED);
-    ck_assert(_al_shadow_mark(p, false));
     ck_assert(_al_shadow_flags(p) & AL_SHADOW_SAMPLED);
     _al_shadow_set_sampled(p, false);
     ck_assert(!(_al_shadow_flags(p) & AL_SHADOW_SAMPLED));
     ck_assert(_al_shadow_flags(p) & AL_SHADOW_SEEN);
+    ck_assert(retire(p, &o));
+}
+END_TEST
+
+START_TEST(big_objects_keep_their_most_pages)
+{
+    char *p = (char *)(uintptr_t)0x7f0000e00010ull; /* 16 bytes into a page */
+    struct al_shadow_object o;
+    uint32_t pages;
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    _al_shadow_object_new(_al_shadow_region_get(a), a, 5 * 4096, false, 1, &pages);
+    ck_assert_uint_eq(pages, 6); /* 16 + 20480 bytes reach into a sixth page */
+    ck_assert(retire(p, &o));
+    ck_assert_uint_eq(o.pages, 6);
+    _al_shadow_object_new(_al_shadow_region_get(a), a, 2 * 4096, false, 1, &pages);
+    ck_assert_uint_eq(pages, 6); /* the address once covered six */
+    ck_assert(retire(p, &o));
+}
+END_TEST
+
+START_TEST(objects_straddling_regions)
+{
+    char *p = (char *)(uintptr_t)(0x7f0000b00000ull - 16);
+    struct al_shadow_object o;
+    ck_assert(!mark(p, 70000)); /* 17 + 8 nibbles: most of them in the next region */
+    ck_assert(retire(p, &o));
+    ck_assert_uint_eq(o.requested, 70000);
+    ck_assert_uint_eq(o.pages, _al_shadow_pages_of((uint64_t)(uintptr_t)p, 70000));
+}
+END_TEST
+
+START_TEST(pages_and_lines)
+{
+    char *page = (char *)(uintptr_t)0x7f0000c00000ull;
+    struct al_shadow_object o;
+    uint64_t a = (uint64_t)(uintptr_t)page;
+    uint32_t pages;
+    /* Thread 1: 40 bytes at 0; thread 2: 100 bytes at 48 (lines 0, 1, 2). */
+    _al_shadow_object_new(_al_shadow_region_get(a), a, 40, false, 1, &pages);
+    _al_shadow_object_new(_al_shadow_region_get(a), a + 48, 100, false, 2, &pages);
+    ck_assert_uint_eq(_al_shadow_page_used(page), 140);
+    uint16_t l0 = _al_shadow_line(page), l1 = _al_shadow_line(page + 64), l2 = _al_shadow_line(page + 128);
+    ck_assert_uint_eq(l0 & AL_LINE_USED_MASK, 40 + 16);
+    ck_assert(l0 & AL_LINE_SHARED);
+    ck_assert_uint_eq(l1 & AL_LINE_USED_MASK, 64);
+    ck_assert_uint_eq((l1 & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT, 2);
+    ck_assert(!(l1 & AL_LINE_SHARED));
+    ck_assert_uint_eq(l2 & AL_LINE_USED_MASK, 148 - 128);
+    ck_assert(retire(page + 48, &o));
+    ck_assert_uint_eq(_al_shadow_page_used(page), 40);
+    ck_assert_uint_eq(_al_shadow_line(page + 64), 0);
+    ck_assert(retire(page, &o));
+    ck_assert_uint_eq(_al_shadow_line(page), 0); /* empty: its owners go too */
+    /* A big object counts in page entries only. */
+    _al_shadow_object_new(_al_shadow_region_get(a + 100), a + 100, 3 * 4096, false, 1, &pages);
+    ck_assert_uint_eq(_al_shadow_page_used(page), 4096 - 100);
+    ck_assert_uint_eq(_al_shadow_page_used(page + 4096), 4096);
+    ck_assert_uint_eq(_al_shadow_page_used(page + 3 * 4096), 100);
+    ck_assert_uint_eq(_al_shadow_line(page + 4096), 0);
+    ck_assert(retire(page + 100, &o));
+    ck_assert_uint_eq(_al_shadow_page_used(page + 4096), 0);
+    ck_assert_uint_eq(_al_shadow_page_used(page + 3 * 4096), 0);
+}
+END_TEST
+
+static uint64_t heap_bytes;
+
+static void count_run(uint64_t start, uint64_t end, void *arg)
+{
+    (void)arg;
+    heap_bytes += end - start;
+}
+
+START_TEST(heap_pages)
+{
+    uint64_t a = 0x7f0002000000ull;
+    _al_shadow_heap_set(a + 4096, a + 3 * 4096 + 1, true); /* pages 1, 2, 3 */
+    _al_shadow_heap_set(a + (1u << 20) - 4096, a + (1u << 20) + 8192, true); /* across a region */
+    ck_assert(_al_shadow_heap_has(_al_shadow_region(a), a + 4096));
+    ck_assert(!_al_shadow_heap_has(_al_shadow_region(a), a));
+    heap_bytes = 0;
+    _al_shadow_heap_runs(count_run, NULL);
+    ck_assert_uint_eq(heap_bytes, 6 * 4096);
+    _al_shadow_heap_set(a + 8192, a + 12288, false);
+    heap_bytes = 0;
+    _al_shadow_heap_runs(count_run, NULL);
+    ck_assert_uint_eq(heap_bytes, 5 * 4096);
 }
 END_TEST
 
@@ -54,10 +185,11 @@ START_TEST(region_boundaries)
     uint64_t before = atomic_load(&_al_shadow.regions);
     char *last = (char *)(uintptr_t)(0x7f0000700000ull - 8);
     char *first = (char *)(uintptr_t)0x7f0000700000ull;
-    ck_assert(!_al_shadow_mark(last, false));
-    ck_assert(!_al_shadow_mark(first, false));
+    ck_assert(!mark(last, 8));
+    ck_assert(!mark(first, 8));
     ck_assert_uint_eq(atomic_load(&_al_shadow.regions), before + 2);
-    ck_assert_uint_ge(_al_shadow_footprint(), 2 * sizeof(struct al_shadow_region));
+    ck_assert_uint_ge(_al_shadow_mapped(), 2 * sizeof(struct al_shadow_region));
+    ck_assert_uint_ge(_al_shadow_footprint(), 2 * 4096); /* what the two marks touched */
 }
 END_TEST
 
@@ -65,7 +197,7 @@ START_TEST(beyond_the_table)
 {
     uint64_t before = atomic_load(&_al_shadow.untracked);
     void *far = (void *)(uintptr_t)(_al_shadow.dir_entries << AL_SHADOW_SLICE_SHIFT);
-    ck_assert(!_al_shadow_mark(far, false));
+    ck_assert(_al_shadow_region_get((uint64_t)(uintptr_t)far) == NULL);
     ck_assert_uint_eq(atomic_load(&_al_shadow.untracked), before + 1);
     ck_assert(_al_shadow_address_bits() == 47 || _al_shadow_address_bits() == 56);
 }
@@ -78,24 +210,32 @@ static _Atomic uint64_t reused_total;
 
 static void *marker(void *arg)
 {
-    /* All threads mark the same addresses: exactly one of them sees each one first. */
-    (void)arg;
-    uint64_t reused = 0;
-    for (uint64_t i = 0; i < PER_THREAD; i++)
-        reused += _al_shadow_mark((void *)(uintptr_t)(0x7f1000000000ull + i * 24), false);
+    /* Each thread owns every THREADS-th 8-byte granule: neighbours in the same word and line
+     * belong to other threads, as objects of different threads do in a real heap. */
+    uint64_t me = (uint64_t)(uintptr_t)arg, reused = 0;
+    struct al_shadow_object o;
+    for (int round = 0; round < 2; round++)
+        for (uint64_t i = 0; i < PER_THREAD; i++) {
+            char *p = (char *)(uintptr_t)(0x7f1000000000ull + (i * THREADS + me) * 8);
+            reused += mark(p, 8);
+            ck_assert(retire(p, &o));
+            ck_assert_uint_eq(o.requested, 8);
+        }
     atomic_fetch_add(&reused_total, reused);
     return NULL;
 }
 
-START_TEST(concurrent_marks_are_exact)
+START_TEST(concurrent_records_are_exact)
 {
     pthread_t t[THREADS];
-    for (int i = 0; i < THREADS; i++)
-        pthread_create(&t[i], NULL, marker, NULL);
+    for (uintptr_t i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, marker, (void *)i);
     for (int i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
-    /* Addresses 24 bytes apart share no granule, so there are PER_THREAD distinct ones. */
-    ck_assert_uint_eq(atomic_load(&reused_total), (uint64_t)(THREADS - 1) * PER_THREAD);
+    /* Second round: every address seen before, exactly once per thread and granule. */
+    ck_assert_uint_eq(atomic_load(&reused_total), (uint64_t)THREADS * PER_THREAD);
+    for (uint64_t i = 0; i < (uint64_t)THREADS * PER_THREAD * 8; i += 64)
+        ck_assert_uint_eq(_al_shadow_line((char *)(uintptr_t)(0x7f1000000000ull + i)), 0);
 }
 END_TEST
 
@@ -106,10 +246,15 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup, NULL);
     tcase_add_checked_fixture(tc, setup, NULL);
     tcase_add_test(tc, mark_new_then_reused);
-    tcase_add_test(tc, large_mark_follows_the_object);
+    tcase_add_test(tc, records_round_trip);
+    tcase_add_test(tc, records_in_the_table);
+    tcase_add_test(tc, big_objects_keep_their_most_pages);
+    tcase_add_test(tc, objects_straddling_regions);
+    tcase_add_test(tc, pages_and_lines);
+    tcase_add_test(tc, heap_pages);
     tcase_add_test(tc, region_boundaries);
     tcase_add_test(tc, beyond_the_table);
-    tcase_add_test(tc, concurrent_marks_are_exact);
+    tcase_add_test(tc, concurrent_records_are_exact);
     suite_add_tcase(s, tc);
     return al_check_run(s);
 }

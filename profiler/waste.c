@@ -1,0 +1,341 @@
+/* Memory waste: live requested bytes, internal fragmentation, blowup and external
+ * fragmentation, at the peak and at exit.
+ *
+ * Every allocation counts its object in its thread's row for its size class (objects,
+ * requested bytes, and the bytes the class table cannot tell: an odd object's usable size
+ * beyond its class, a large object's span to the end of its last page). Internal
+ * fragmentation of a class is then objects x class size + extra - requested, summed when a
+ * snapshot is taken, not on every call. Blowup is the one global state: per class (and one
+ * pool for large objects), the bytes freed and not yet taken again by an allocation of that
+ * class. The total is the resident part of the allocator's heap (heap.c).
+ *
+ * A snapshot is taken when the process's resident size passes its previous peak by 1 MiB,
+ * checked every AL_SNAP_CHECK_BYTES allocated by a thread; the one with the largest total is
+ * the peak of the report.
+ */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "profiler.h"
+
+#define SNAP_STEP (1u << 20)
+
+struct al_waste_state _al_waste;
+
+static struct {
+    _Atomic int lock;
+    uint64_t next_rss;         /* the resident size that triggers the next snapshot */
+    uint64_t taken;
+    int64_t (*scratch)[AL_SLOT_N];
+    int64_t (*sums)[AL_CLS_N];
+} snap;
+
+static _Atomic unsigned next_tag;
+
+static void *map_array(size_t bytes)
+{
+    return _al_mem_map((bytes + 4095) & ~(size_t)4095);
+}
+
+void _al_waste_init(const struct al_alloc_config *c)
+{
+    struct al_waste_state *w = &_al_waste;
+    if (!_al_shadow.dir) {
+        snprintf(w->reason, sizeof w->reason, "the shadow table could not be mapped");
+        return;
+    }
+    w->usable = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
+    if (c && c->large_threshold == _al_large_threshold) {
+        size_t bytes = _al_class_table_bytes(c);
+        void *mem = bytes ? _al_mem_map(bytes) : NULL;
+        if (mem && _al_class_table_build(&w->table, c, mem) == 0) {
+            w->has_table = true;
+            w->nclasses = c->nclasses;
+        }
+    }
+    w->slot_any = w->nclasses;
+    w->slot_large = w->nclasses + 1;
+    w->nslots = w->nclasses + 2;
+    w->blowup = map_array(w->nslots * sizeof *w->blowup);
+    w->exited = map_array(w->nslots * sizeof *w->exited);
+    snap.scratch = map_array(w->nslots * sizeof *snap.scratch);
+    snap.sums = map_array(w->nslots * sizeof *snap.sums);
+    w->peak.cls = map_array(w->nslots * sizeof *w->peak.cls);
+    w->final.cls = map_array(w->nslots * sizeof *w->final.cls);
+    if (!w->blowup || !w->exited || !snap.scratch || !snap.sums || !w->peak.cls || !w->final.cls) {
+        snprintf(w->reason, sizeof w->reason, "out of memory for the waste tables");
+        return;
+    }
+    if (!w->has_table)
+        snprintf(w->classes_reason, sizeof w->classes_reason,
+                 "no size classes for this allocator (%s): each object's class is its usable size, "
+                 "all small classes in one row", _al_allocator.config_reason[0] ? _al_allocator.config_reason
+                                                                                 : "the config does not match");
+    if (!w->usable && !w->has_table)
+        snprintf(w->classes_reason, sizeof w->classes_reason,
+                 "neither size classes nor malloc_usable_size: internal fragmentation of small objects "
+                 "is not measured");
+    _al_heap_init();
+    w->enabled = true;
+}
+
+void _al_waste_thread_init(struct al_thread *t)
+{
+    t->tag = atomic_fetch_add_explicit(&next_tag, 1, memory_order_relaxed) % 255 + 1;
+    t->snap_countdown = AL_SNAP_CHECK_BYTES;
+    if (_al_waste.enabled && !t->cls)
+        t->cls = map_array(_al_waste.nslots * sizeof *t->cls);
+}
+
+/* Called with the thread registry locked: what an exiting thread counted stays counted (its
+ * objects live on), and its rows start from zero for the next thread to use them. */
+void _al_waste_thread_retire(struct al_thread *t)
+{
+    if (!t->cls || !_al_waste.exited)
+        return;
+    for (uint32_t s = 0; s < _al_waste.nslots; s++)
+        for (unsigned k = 0; k < AL_CLS_N; k++)
+            _al_waste.exited[s][k] += AL_READ(t->cls[s][k]);
+    size_t bytes = ((size_t)_al_waste.nslots * sizeof *t->cls + 4095) & ~(size_t)4095;
+    madvise(t->cls, bytes, MADV_DONTNEED); /* zero again, and no longer resident */
+}
+
+static size_t usable(void *p)
+{
+    return _al_waste.usable ? _al_waste.usable(p) : 0;
+}
+
+/* The class row of an object and what the row's class size leaves out. */
+static uint32_t classify(void *p, uint64_t a, uint64_t req, unsigned large, bool maybe_odd, uint32_t pages,
+                         bool *odd, int64_t *extra, int64_t *bytes)
+{
+    *odd = false;
+    *extra = 0;
+    if (large) {
+        uint64_t span = (a & ~(uint64_t)4095) + (uint64_t)pages * 4096 - a;
+        if (span < req)
+            span = req;
+        *extra = (int64_t)span;
+        *bytes = (int64_t)span;
+        return _al_waste.slot_large;
+    }
+    if (!_al_waste.has_table) {
+        uint64_t u = usable(p);
+        *odd = true;
+        *extra = (int64_t)(u > req ? u : req);
+        *bytes = *extra;
+        return _al_waste.slot_any;
+    }
+    uint32_t slot = _al_class_index(&_al_waste.table, req);
+    uint64_t c = _al_waste.table.classes[slot];
+    *bytes = (int64_t)c;
+    if (maybe_odd) {
+        uint64_t u = usable(p);
+        if (u && u != c) {
+            *odd = true;
+            *extra = (int64_t)u - (int64_t)c;
+        }
+    }
+    return slot;
+}
+
+static void lower_blowup(uint32_t slot, int64_t bytes)
+{
+    _Atomic int64_t *b = &_al_waste.blowup[slot];
+    if (atomic_load_explicit(b, memory_order_relaxed) > 0)
+        atomic_fetch_sub_explicit(b, bytes, memory_order_relaxed);
+}
+
+AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
+                                          unsigned large, bool maybe_odd)
+{
+    if (!t->cls) {
+        if (_al_waste.enabled)
+            t->cls = map_array(_al_waste.nslots * sizeof *t->cls);
+        if (!t->cls) /* before start-up is done: no record */
+            return _al_shadow_flags((void *)(uintptr_t)a) & AL_SHADOW_SEEN ? AL_REUSE_REUSED : AL_REUSE_NEW;
+    }
+    uint32_t pages = 0, slot;
+    bool odd, reused;
+    int64_t extra, bytes;
+    void *p = (void *)(uintptr_t)a;
+    if (large) {
+        /* The record first: a large object's span needs the pages its address ever covered. */
+        reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
+        slot = classify(p, a, req, large, maybe_odd, pages, &odd, &extra, &bytes);
+    } else {
+        slot = classify(p, a, req, large, maybe_odd, pages, &odd, &extra, &bytes);
+        reused = _al_shadow_object_new(r, a, req, odd, t->tag, &pages);
+    }
+    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], 1);
+    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], (int64_t)req);
+    AL_BUMP(t->cls[slot][AL_CLS_EXTRA], extra);
+    lower_blowup(slot, bytes);
+    _al_waste_countdown(t, req);
+    return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
+}
+
+unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *undo)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region(a);
+    struct al_shadow_object o;
+    if (!r || !t->cls || !_al_shadow_object_end(r, a, &o))
+        return 0;
+    unsigned large = o.requested >= _al_large_threshold;
+    uint32_t slot;
+    int64_t extra = 0, bytes;
+    if (large) {
+        uint32_t pages = o.pages ? o.pages : _al_shadow_pages_of(a, o.requested);
+        uint64_t span = (a & ~(uint64_t)4095) + (uint64_t)pages * 4096 - a;
+        extra = bytes = (int64_t)(span < o.requested ? o.requested : span);
+        slot = _al_waste.slot_large;
+    } else if (!_al_waste.has_table) {
+        uint64_t u = usable(p);
+        extra = bytes = (int64_t)(u > o.requested ? u : o.requested);
+        slot = _al_waste.slot_any;
+    } else {
+        slot = _al_class_index(&_al_waste.table, o.requested);
+        bytes = (int64_t)_al_waste.table.classes[slot];
+        if (o.odd) {
+            uint64_t u = usable(p);
+            extra = u ? (int64_t)u - bytes : 0;
+        }
+    }
+    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], -1);
+    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], -(int64_t)o.requested);
+    AL_BUMP(t->cls[slot][AL_CLS_EXTRA], -extra);
+    atomic_fetch_add_explicit(&_al_waste.blowup[slot], bytes, memory_order_relaxed);
+    if (undo) {
+        undo->requested = o.requested;
+        undo->slot = slot;
+        undo->extra = extra;
+        undo->bytes = bytes;
+        undo->odd = o.odd;
+    }
+    return large | 2u;
+}
+
+void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo *u)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region(a);
+    uint32_t pages;
+    if (!r)
+        return;
+    _al_shadow_object_new(r, a, u->requested, u->odd, t->tag, &pages);
+    AL_BUMP(t->cls[u->slot][AL_CLS_OBJECTS], 1);
+    AL_BUMP(t->cls[u->slot][AL_CLS_REQUESTED], (int64_t)u->requested);
+    AL_BUMP(t->cls[u->slot][AL_CLS_EXTRA], u->extra);
+    atomic_fetch_sub_explicit(&_al_waste.blowup[u->slot], u->bytes, memory_order_relaxed);
+}
+
+/* ---- snapshots ------------------------------------------------------------------------------ */
+
+static uint64_t rss_now(void)
+{
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *c = strchr(buf, ' '); /* "size resident shared ..." in pages */
+    if (!c)
+        return 0;
+    uint64_t res = 0;
+    for (c++; *c >= '0' && *c <= '9'; c++)
+        res = res * 10 + (uint64_t)(*c - '0');
+    return res * 4096;
+}
+
+static void take(struct al_waste_snapshot *s)
+{
+    struct al_waste_state *w = &_al_waste;
+    memset(snap.sums, 0, w->nslots * sizeof *snap.sums);
+    _al_threads_sum_classes(snap.sums, w->nslots);
+    s->tsc = _al_tsc();
+    s->total = _al_heap_resident();
+    s->live = s->internal = s->blowup = s->objects = 0;
+    for (uint32_t i = 0; i < w->nslots; i++) {
+        int64_t objects = snap.sums[i][AL_CLS_OBJECTS], req = snap.sums[i][AL_CLS_REQUESTED];
+        int64_t size = i < w->nclasses ? (int64_t)w->table.classes[i] : 0;
+        int64_t internal = objects * size + snap.sums[i][AL_CLS_EXTRA] - req;
+        int64_t blowup = atomic_load_explicit(&w->blowup[i], memory_order_relaxed);
+        if (internal < 0 || (i == w->slot_any && !w->usable))
+            internal = 0;
+        if (blowup < 0)
+            blowup = 0;
+        s->cls[i][AL_SLOT_OBJECTS] = objects;
+        s->cls[i][AL_SLOT_REQUESTED] = req;
+        s->cls[i][AL_SLOT_INTERNAL] = internal;
+        s->cls[i][AL_SLOT_BLOWUP] = blowup;
+        s->objects += (uint64_t)(objects > 0 ? objects : 0);
+        s->live += (uint64_t)(req > 0 ? req : 0);
+        s->internal += (uint64_t)internal;
+        s->blowup += (uint64_t)blowup;
+    }
+    s->external = (int64_t)s->total - (int64_t)(s->live + s->internal + s->blowup);
+    s->taken = true;
+}
+
+AL_NOINLINE void _al_waste_check(struct al_thread *t)
+{
+    t->snap_countdown = AL_SNAP_CHECK_BYTES;
+    if (!_al_waste.enabled)
+        return;
+    uint64_t rss = rss_now();
+    if (rss < __atomic_load_n(&snap.next_rss, __ATOMIC_RELAXED))
+        return;
+    if (atomic_exchange_explicit(&snap.lock, 1, memory_order_acquire))
+        return; /* another thread is taking one */
+    struct al_waste_snapshot s = { .cls = snap.scratch };
+    take(&s);
+    snap.taken++;
+    __atomic_store_n(&snap.next_rss, rss + SNAP_STEP, __ATOMIC_RELAXED);
+    if (s.total > _al_waste.peak.total || !_al_waste.peak.taken) {
+        int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
+        memcpy(keep, s.cls, _al_waste.nslots * sizeof *keep);
+        _al_waste.peak = s;
+        _al_waste.peak.cls = keep;
+    }
+    atomic_store_explicit(&snap.lock, 0, memory_order_release);
+}
+
+void _al_waste_final(void)
+{
+    if (!_al_waste.enabled)
+        return;
+    while (atomic_exchange_explicit(&snap.lock, 1, memory_order_acquire))
+        __builtin_ia32_pause();
+    struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
+    take(&s);
+    _al_waste.final = s;
+    /* The state at exit is the peak only if it passed the last snapshot by a step, as any
+     * snapshot must: otherwise the peak is when that footprint was first reached. */
+    if (!_al_waste.peak.taken || s.total >= _al_waste.peak.total + SNAP_STEP) {
+        memcpy(_al_waste.peak.cls, s.cls, _al_waste.nslots * sizeof *s.cls);
+        int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
+        _al_waste.peak = s;
+        _al_waste.peak.cls = keep;
+    }
+    _al_waste.snapshots = snap.taken;
+    atomic_store_explicit(&snap.lock, 0, memory_order_release);
+}
+
+/* A forked child measures its own peak from now on (its heap is the parent's, still live). */
+void _al_waste_after_fork_child(void)
+{
+    atomic_store(&snap.lock, 0);
+    snap.next_rss = 0;
+    snap.taken = 0;
+    _al_waste.peak.taken = false;
+    _al_waste.peak.total = 0;
+}

@@ -1,0 +1,163 @@
+/* Object records: a live object's requested size (and, for objects of a page or more, the
+ * most pages its address ever covered) in the payload nibbles of its first granules.
+ *
+ * The first nibble says how the rest reads: 0-11 is the size itself; 12, 13 and 14 announce
+ * 1, 2 and 4 more nibbles holding size - 12; 15 announces 16 nibbles holding the size. An
+ * object of a page or more adds 8 nibbles of pages. A size needs at most ceil(size / 8)
+ * nibbles this way (12 bytes: 2, 28: 3, 268: 5, 65548: 17), so the record never leaves the
+ * object, whose granules no other live object can share.
+ */
+#include "shadow.h"
+
+#define MAX_NIBBLES (17 + 8)
+
+unsigned _al_shadow_record_nibbles(uint64_t req)
+{
+    unsigned n = req < 12 ? 1 : req < 28 ? 2 : req < 268 ? 3 : req < 65548 ? 5 : 17;
+    return req >= AL_SHADOW_BIG ? n + 8 : n;
+}
+
+static void put(uint8_t *nib, unsigned n, uint64_t v)
+{
+    for (unsigned i = 0; i < n; i++, v >>= 4)
+        nib[i] = (uint8_t)(v & 0xf);
+}
+
+static uint64_t get(const uint8_t *nib, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = n; i-- > 0;)
+        v = v << 4 | nib[i];
+    return v;
+}
+
+unsigned _al_shadow_record_encode(uint8_t *nib, uint64_t req, uint32_t pages)
+{
+    unsigned n;
+    if (req < 12) {
+        nib[0] = (uint8_t)req;
+        n = 1;
+    } else if (req < 268) {
+        nib[0] = req < 28 ? 12 : 13;
+        n = req < 28 ? 2 : 3;
+        put(nib + 1, n - 1, req - 12);
+    } else if (req < 65548) {
+        nib[0] = 14;
+        put(nib + 1, 4, req - 12);
+        n = 5;
+    } else {
+        nib[0] = 15;
+        put(nib + 1, 16, req);
+        n = 17;
+    }
+    if (req >= AL_SHADOW_BIG) {
+        put(nib + n, 8, pages);
+        n += 8;
+    }
+    return n;
+}
+
+bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req, uint32_t *pages)
+{
+    static const unsigned extra[4] = { 1, 2, 4, 16 };
+    unsigned n = 1;
+    uint64_t v = nib[0];
+    if (v >= 12) {
+        n += extra[v - 12];
+        if (n > avail)
+            return false;
+        v = get(nib + 1, n - 1) + (nib[0] == 15 ? 0 : 12);
+    }
+    *req = v;
+    *pages = 0;
+    if (v >= AL_SHADOW_BIG) {
+        if (n + 8 > avail)
+            return false;
+        *pages = (uint32_t)get(nib + n, 8);
+    }
+    return true;
+}
+
+/* The granule bytes of [a, a + 8 * n): in one region, or (an object straddling the end of a
+ * region, rare) gathered across two. */
+static unsigned granules(uint64_t a, unsigned n, uint8_t **bytes)
+{
+    struct al_shadow_region *r = NULL;
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t x = a + ((uint64_t)i << AL_SHADOW_GRANULE_SHIFT);
+        if (!r || AL_SHADOW_GRANULE(x) == 0)
+            r = _al_shadow_region_get(x);
+        if (!r)
+            return i;
+        bytes[i] = &r->granule[AL_SHADOW_GRANULE(x)];
+    }
+    return n;
+}
+
+static bool read_record(uint64_t a, uint64_t *req, uint32_t *pages)
+{
+    static const unsigned extra[4] = { 1, 2, 4, 16 };
+    uint8_t *b[MAX_NIBBLES], nib[MAX_NIBBLES];
+    if (!granules(a, 1, b))
+        return false;
+    unsigned first = *b[0] >> 4, n = first >= 12 ? 1 + extra[first - 12] : 1;
+    /* Only the object's own granules are read: the size says whether pages follow. */
+    for (int pass = 0; pass < 2; pass++) {
+        unsigned got = granules(a, n, b);
+        for (unsigned i = 0; i < got; i++)
+            nib[i] = *b[i] >> 4;
+        if (!_al_shadow_record_decode(nib, got, req, pages)) {
+            if (pass || got < n)
+                return false;
+            n += 8;
+            continue;
+        }
+        return true;
+    }
+    return false;
+}
+
+bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req, bool odd, unsigned tag,
+                           uint32_t *pages)
+{
+    uint8_t *head = &r->granule[AL_SHADOW_GRANULE(a)];
+    uint8_t old = *head;
+    *pages = 0;
+    if (req >= AL_SHADOW_BIG) {
+        /* The most pages this address ever covered: what the last big object here recorded,
+         * if the last object here was one. */
+        uint64_t prev;
+        uint32_t prev_pages;
+        *pages = _al_shadow_pages_of(a, req);
+        if ((old & (AL_SHADOW_SEEN | AL_SHADOW_LIVE)) == AL_SHADOW_SEEN && read_record(a, &prev, &prev_pages) &&
+            prev >= AL_SHADOW_BIG && prev_pages > *pages)
+            *pages = prev_pages;
+    }
+    uint8_t nib[MAX_NIBBLES], *b[MAX_NIBBLES];
+    unsigned n = _al_shadow_record_encode(nib, req, *pages);
+    if (AL_SHADOW_GRANULE(a) + n <= AL_SHADOW_GRANULES) {
+        for (unsigned i = 1; i < n; i++)
+            head[i] = (uint8_t)((head[i] & 0xf) | nib[i] << 4);
+    } else {
+        n = granules(a, n, b);
+        for (unsigned i = 1; i < n; i++)
+            *b[i] = (uint8_t)((*b[i] & 0xf) | nib[i] << 4);
+    }
+    __atomic_store_n(head, (uint8_t)(nib[0] << 4 | AL_SHADOW_SEEN | AL_SHADOW_LIVE | (odd ? AL_SHADOW_ODD : 0)),
+                     __ATOMIC_RELAXED);
+    _al_shadow_use(a, req, 1, tag);
+    return (old & AL_SHADOW_SEEN) != 0;
+}
+
+bool _al_shadow_object_end(struct al_shadow_region *r, uint64_t a, struct al_shadow_object *o)
+{
+    uint8_t *head = &r->granule[AL_SHADOW_GRANULE(a)];
+    uint8_t v = *head;
+    if (!(v & AL_SHADOW_LIVE) || !read_record(a, &o->requested, &o->pages))
+        return false;
+    o->odd = (v & AL_SHADOW_ODD) != 0;
+    /* The payload stays: the next big object here reads the pages it covered. */
+    __atomic_store_n(head, (uint8_t)(v & ~(AL_SHADOW_LIVE | AL_SHADOW_ODD | AL_SHADOW_SAMPLED)), __ATOMIC_RELAXED);
+    _al_shadow_use(a, o->requested, -1, 0);
+    return true;
+}
