@@ -374,7 +374,7 @@ AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, uns
     struct al_shadow_region *r = _al_shadow_region_get(a);
     if (AL_UNLIKELY(r == NULL))
         return AL_REUSE_NEW;
-    if (AL_UNLIKELY(!_al_shadow_heap_has(r, a)))
+    if (AL_UNLIKELY(!_al_shadow_heap_has(a)))
         _al_heap_discover(a);
     if (AL_UNLIKELY(large | maybe_odd | !_al_waste.has_table | !t->cls))
         return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd);

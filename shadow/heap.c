@@ -1,33 +1,45 @@
-/* The pages the allocator holds from the kernel, one bit per page in the region records, and
- * the list of regions holding any, so a snapshot can measure the resident heap without
- * walking the whole table. */
+/* The pages the allocator holds from the kernel: one bit per page, in 4 GiB slices (128 KiB
+ * each, made on first use) hung off a directory like level 1's. */
 #include <sys/mman.h>
 
 #include "shadow.h"
 
-#define HEAP_MAX (1u << 20)
+_Atomic(struct al_heap_slice *) *_al_heap_dir;
 
-static _Atomic(struct al_shadow_region *) *heap_list;
-static _Atomic uint32_t nheap;
+/* The slices made, in order, so a snapshot need not walk the directory (2^24 entries with a
+ * 56-bit address space). */
+#define LISTED_MAX 4096
+static _Atomic uint64_t listed[LISTED_MAX];
+static _Atomic uint32_t nlisted;
 
-static void list(struct al_shadow_region *r)
+static struct al_heap_slice *slice(uint64_t d, bool create)
 {
-    int expected = 0;
-    if (!atomic_compare_exchange_strong_explicit(&r->heap_listed, &expected, 1, memory_order_relaxed,
-                                                 memory_order_relaxed))
-        return;
-    if (!heap_list) {
-        void *p = mmap(NULL, HEAP_MAX * sizeof *heap_list, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (!_al_heap_dir) {
+        if (!create || !_al_shadow.dir)
+            return NULL;
+        size_t bytes = _al_shadow.dir_entries * sizeof *_al_heap_dir;
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         void *none = NULL;
         if (p == MAP_FAILED)
-            return;
-        if (!atomic_compare_exchange_strong((_Atomic(void *) *)&heap_list, &none, p))
-            munmap(p, HEAP_MAX * sizeof *heap_list);
+            return NULL;
+        if (!atomic_compare_exchange_strong((_Atomic(void *) *)&_al_heap_dir, &none, p))
+            munmap(p, bytes);
     }
-    uint32_t i = atomic_fetch_add_explicit(&nheap, 1, memory_order_relaxed);
-    if (i < HEAP_MAX)
-        atomic_store_explicit(&heap_list[i], r, memory_order_release);
+    struct al_heap_slice *s = atomic_load_explicit(&_al_heap_dir[d], memory_order_acquire);
+    if (s || !create)
+        return s;
+    void *p = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    void *none = NULL;
+    if (!atomic_compare_exchange_strong((_Atomic(void *) *)&_al_heap_dir[d], &none, p)) {
+        munmap(p, sizeof *s);
+        return none;
+    }
+    uint32_t i = atomic_fetch_add(&nlisted, 1);
+    if (i < LISTED_MAX)
+        atomic_store(&listed[i], d + 1);
+    return p;
 }
 
 void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)
@@ -37,19 +49,19 @@ void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)
         uint64_t rend = (a | ((1u << AL_SHADOW_REGION_SHIFT) - 1)) + 1;
         if (rend > end)
             rend = end;
-        struct al_shadow_region *r = on ? _al_shadow_region_get(a) : _al_shadow_region(a);
-        if (r) {
-            if (on)
-                list(r);
+        uint64_t d = a >> AL_SHADOW_SLICE_SHIFT;
+        struct al_heap_slice *s = d < _al_shadow.dir_entries ? slice(d, on) : NULL;
+        if (s) {
+            _Atomic uint64_t *w = s->bits[(a >> AL_SHADOW_REGION_SHIFT) & (AL_SHADOW_SLICE_ENTRIES - 1)];
             unsigned first = (unsigned)AL_SHADOW_PAGE_INDEX(a);
             unsigned last = (unsigned)AL_SHADOW_PAGE_INDEX(rend - 1);
-            for (unsigned w = first / 64; w <= last / 64; w++) {
-                unsigned lo = w == first / 64 ? first % 64 : 0, hi = w == last / 64 ? last % 64 : 63;
+            for (unsigned i = first / 64; i <= last / 64; i++) {
+                unsigned lo = i == first / 64 ? first % 64 : 0, hi = i == last / 64 ? last % 64 : 63;
                 uint64_t bits = (hi == 63 ? ~0ull : (1ull << (hi + 1)) - 1) & ~((1ull << lo) - 1);
                 if (on)
-                    atomic_fetch_or_explicit(&r->heap[w], bits, memory_order_relaxed);
+                    atomic_fetch_or_explicit(&w[i], bits, memory_order_relaxed);
                 else
-                    atomic_fetch_and_explicit(&r->heap[w], ~bits, memory_order_relaxed);
+                    atomic_fetch_and_explicit(&w[i], ~bits, memory_order_relaxed);
             }
         }
         a = rend;
@@ -58,26 +70,35 @@ void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)
 
 void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg)
 {
-    uint32_t n = atomic_load_explicit(&nheap, memory_order_acquire);
-    if (n > HEAP_MAX)
-        n = HEAP_MAX;
-    for (uint32_t i = 0; i < n; i++) {
-        struct al_shadow_region *r = atomic_load_explicit(&heap_list[i], memory_order_acquire);
-        if (!r)
+    uint32_t n = atomic_load(&nlisted);
+    for (uint32_t k = 0; k < n && k < LISTED_MAX; k++) {
+        uint64_t d = atomic_load(&listed[k]);
+        struct al_heap_slice *s = d ? atomic_load_explicit(&_al_heap_dir[d - 1], memory_order_acquire) : NULL;
+        if (!s)
             continue;
-        uint64_t base = r->base & ~(uint64_t)1;
-        unsigned run = 0;
+        d--;
+        uint64_t base = d << AL_SHADOW_SLICE_SHIFT, run = 0;
         bool in = false;
-        for (unsigned pg = 0; pg <= AL_SHADOW_PAGES; pg++) {
-            bool has = pg < AL_SHADOW_PAGES &&
-                       ((atomic_load_explicit(&r->heap[pg / 64], memory_order_relaxed) >> (pg % 64)) & 1);
-            if (has && !in) {
-                run = pg;
-                in = true;
-            } else if (!has && in) {
-                fn(base + ((uint64_t)run << AL_SHADOW_PAGE_SHIFT), base + ((uint64_t)pg << AL_SHADOW_PAGE_SHIFT), arg);
-                in = false;
+        for (unsigned r = 0; r < AL_SHADOW_SLICE_ENTRIES; r++) {
+            for (unsigned i = 0; i < AL_SHADOW_PAGES / 64; i++) {
+                uint64_t w = atomic_load_explicit(&s->bits[r][i], memory_order_relaxed);
+                if ((w == 0 && !in) || (w == ~0ull && in))
+                    continue;
+                for (unsigned b = 0; b < 64; b++) {
+                    bool has = (w >> b) & 1;
+                    uint64_t at = base + ((uint64_t)r << AL_SHADOW_REGION_SHIFT) +
+                                  ((uint64_t)(i * 64 + b) << AL_SHADOW_PAGE_SHIFT);
+                    if (has && !in) {
+                        run = at;
+                        in = true;
+                    } else if (!has && in) {
+                        fn(run, at, arg);
+                        in = false;
+                    }
+                }
             }
         }
+        if (in)
+            fn(run, base + (1ull << AL_SHADOW_SLICE_SHIFT), arg);
     }
 }

@@ -18,8 +18,10 @@
  * live object belong to it alone: records are written with plain byte stores, no lock, no
  * atomic instruction, and grow with the heap, not with the number of objects.
  *
- * And it says which of its pages the allocator holds from the kernel (its mmap and brk
- * ranges), so that the resident heap can be measured at a snapshot.
+ * Beside it, a bitmap says which pages the allocator holds from the kernel (its mmap and brk
+ * ranges), so that the resident heap can be measured at a snapshot: 32 bytes per MiB, in 4 GiB
+ * slices of their own, since allocators reserve far more address space than they put objects
+ * in and a region record for all of it would cost address space (ulimit -v) for nothing.
  */
 #ifndef ALLOCLENS_SHADOW_H
 #define ALLOCLENS_SHADOW_H
@@ -47,8 +49,6 @@
 
 struct al_shadow_region {
     uint64_t base;                                  /* the first address described, | 1 */
-    _Atomic int heap_listed;                        /* in the list of heap regions */
-    _Atomic uint64_t heap[AL_SHADOW_PAGES / 64];    /* pages the allocator holds */
     _Atomic uint32_t page_used[AL_SHADOW_PAGES];    /* level 2 */
     _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3 */
     uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4 */
@@ -164,17 +164,31 @@ uint16_t _al_shadow_line(const void *p); /* the raw line entry */
 
 /* ---- heap.c: the pages the allocator holds from the kernel --------------------------------- */
 
+struct al_heap_slice {
+    _Atomic uint64_t bits[AL_SHADOW_SLICE_ENTRIES][AL_SHADOW_PAGES / 64];
+};
+
+extern _Atomic(struct al_heap_slice *) *_al_heap_dir;
+
 /* Marks [start, end) as the allocator's (on) or no longer (off). */
 void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on);
 
-static inline __attribute__((always_inline)) bool _al_shadow_heap_has(const struct al_shadow_region *r, uint64_t a)
+/* Whether the page of A is known to be the allocator's. */
+static inline __attribute__((always_inline)) bool _al_shadow_heap_has(uint64_t a)
 {
+    uint64_t d = a >> AL_SHADOW_SLICE_SHIFT;
+    if (__builtin_expect(d >= _al_shadow.dir_entries || !_al_heap_dir, 0))
+        return true; /* nothing to learn about it */
+    struct al_heap_slice *s = atomic_load_explicit(&_al_heap_dir[d], memory_order_acquire);
+    if (__builtin_expect(s == NULL, 0))
+        return false;
     unsigned pg = (unsigned)AL_SHADOW_PAGE_INDEX(a);
-    return (atomic_load_explicit(&r->heap[pg / 64], memory_order_relaxed) >> (pg % 64)) & 1;
+    return (atomic_load_explicit(&s->bits[(a >> AL_SHADOW_REGION_SHIFT) & (AL_SHADOW_SLICE_ENTRIES - 1)][pg / 64],
+                                 memory_order_relaxed) >> (pg % 64)) & 1;
 }
 
-/* Calls FN for each maximal run [start, end) of the allocator's pages, in address order
- * within a region (runs do not cross regions). */
+/* Calls FN for each maximal run [start, end) of the allocator's pages (in address order
+ * within a 4 GiB slice). */
 void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg);
 
 #endif
