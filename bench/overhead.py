@@ -18,6 +18,9 @@ sides use the same allocator; glibc needs no preload for our programs, but redis
 linked with jemalloc, so for redis glibc's libc is preloaded to make it the allocator.
 
 Ratios: profiled/plain for times, plain/profiled for requests per second (so > 1 is overhead).
+Memory (malloc_bench and redis): the peak RSS of each side (ru_maxrss from wait4; redis-server's
+VmHWM just before it is shut down) and the report's profiler memory (shadow table and object
+records, and all the profiler's mappings), medians, as a share of the plain peak RSS.
 Added ns per call: (t_profiled - t_plain) * min(T, ncpus) / calls, because T threads on ncpus
 CPUs spend the wall time on min(T, ncpus) CPUs at once; with one thread it is simply
 (t_profiled - t_plain) / calls. The benchmark reports; it exits 0 whether targets are met or not.
@@ -36,11 +39,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 TARGET_RATIO_MALLOC = 1.5
 TARGET_RATIO_REDIS = 1.05
 TARGET_NS_PER_CALL = 25.0
+TARGET_SHADOW_PCT = 15.0      # shadow table + object records, % of the plain peak RSS
 
 REDIS_TESTS = "set,get,incr,lpush,lpop"
 
@@ -157,15 +162,47 @@ class Bench:
         except (OSError, ValueError, TypeError, AttributeError):
             return None
 
-    def run_program(self, argv, env, what, timeout):
-        # Its own session, so a timeout takes down whatever it started as well.
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+    def report_memory(self):
+        """(mapped_bytes, shadow_bytes) of the last profiled run's report, or None."""
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            raise RunError(f"{what}: timed out after {timeout} s")
+            with open(self.json_path) as f:
+                prof = json.load(f)["profiler"]
+            return int(prof["mapped_bytes"]), int(prof["shadow_bytes"])
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def run_program(self, argv, env, what, timeout):
+        """The key=value fields of the program's last result line; its peak RSS (KiB, from
+        wait4: `alloclens run` execs the program, so it is the program's) in self.last_rss."""
+        # Its own session, so a timeout takes down whatever it started as well. Output goes to
+        # files and the child is reaped with wait4, for its rusage; a timer kills it on time-out.
+        with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+            proc = subprocess.Popen(argv, env=env, stdout=fo, stderr=fe, text=True,
+                                    start_new_session=True)
+            expired = threading.Event()
+
+            def expire():
+                expired.set()
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            timer = threading.Timer(timeout, expire)
+            timer.start()
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            except BaseException:
+                timer.cancel()
+                kill_group(proc)
+                raise
+            timer.cancel()
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if expired.is_set():
+                raise RunError(f"{what}: timed out after {timeout} s")
+            fo.seek(0)
+            fe.seek(0)
+            out, err = fo.read(), fe.read()
+        self.last_rss = usage.ru_maxrss
         if proc.returncode != 0:
             raise RunError(f"{what}: exit status {proc.returncode}\n{tail(err)}")
         fields = kv_line(out)
@@ -196,6 +233,37 @@ def alternate(runs, plain_fn, prof_fn, label, have_prof, deadline=None):
     return plain, prof, err
 
 
+def status_kib(pid, field):
+    """A "Field:   N kB" line of /proc/PID/status, in KiB, or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def add_memory(row, mem):
+    """Medians of the peak RSS of each side (KiB) and of the report's profiler memory (bytes)."""
+    plain = [k for k in mem["plain"] if k is not None]
+    prof = [k for k in mem["profiled"] if k is not None]
+    reps = [m for m in mem["report"] if m is not None]
+    row["plain_rss_runs"], row["profiled_rss_runs"] = mem["plain"], mem["profiled"]
+    row["profiler_runs"] = [list(m) if m else None for m in mem["report"]]
+    if plain:
+        row["plain_rss_kib"] = statistics.median(plain)
+    if prof:
+        row["profiled_rss_kib"] = statistics.median(prof)
+    if reps:
+        row["mapped_bytes"] = statistics.median(m[0] for m in reps)
+        row["shadow_bytes"] = statistics.median(m[1] for m in reps)
+    if mem["profiled"] and len(reps) < len(mem["profiled"]):
+        row["notes"].append(f"{len(mem['profiled']) - len(reps)} profiled runs had no "
+                            "profiler memory in the report")
+
+
 # --------------------------------------------------------------------------- malloc_bench
 
 def bench_malloc(b, name, path, threads, ops):
@@ -204,10 +272,12 @@ def bench_malloc(b, name, path, threads, ops):
     env_plain = clean_env(None if is_glibc(name, path) else path)
     calls_seen = set()
     counted = []
+    mem = {"plain": [], "profiled": [], "report": []}
 
     def plain():
         f = b.run_program(*b.plain_run(name, cmd, env_plain), f"{name} malloc_bench plain", 300)
         calls_seen.add(int(f["calls"]))
+        mem["plain"].append(b.last_rss)
         return int(f["elapsed_ns"])
 
     def prof():
@@ -215,6 +285,8 @@ def bench_malloc(b, name, path, threads, ops):
                           f"{name} malloc_bench under alloclens", 300)
         calls_seen.add(int(f["calls"]))
         counted.append(b.report_calls())
+        mem["profiled"].append(b.last_rss)
+        mem["report"].append(b.report_memory())
         return int(f["elapsed_ns"])
 
     label = f"{name} malloc_bench {threads}T"
@@ -241,6 +313,7 @@ def bench_malloc(b, name, path, threads, ops):
         if seen and min(seen) < calls:
             row["notes"].append(f"alloclens counted {min(seen)} calls, the program made "
                                 f"{calls}")
+    add_memory(row, mem)
     return row
 
 
@@ -346,8 +419,11 @@ def redis_once(b, tools, name, argv_fn, env, what):
         if out.returncode != 0 or len(rps) < len(REDIS_TESTS.split(",")):
             raise RunError(f"{what}: redis-benchmark gave {len(rps)} results "
                            f"(exit {out.returncode})\n{tail(out.stdout)}\n{tail(out.stderr)}")
+        # The server's peak RSS before it shuts down (under alloclens, before the report is
+        # written); `alloclens run` execs the program, so proc.pid is redis-server either way.
+        peak = status_kib(proc.pid, "VmHWM")
         # Every test sends the same number of requests: overall rate = harmonic mean.
-        return len(rps) / sum(1.0 / r for r in rps.values()), rps
+        return len(rps) / sum(1.0 / r for r in rps.values()), rps, peak
     finally:
         stop(proc, port, tools)
         logf.close()
@@ -358,15 +434,20 @@ def bench_redis(b, tools, name, path):
     # redis-server is linked with jemalloc: preload the allocator for every one, glibc too.
     env_plain = clean_env(path)
     counted = []
+    mem = {"plain": [], "profiled": [], "report": []}
 
     def plain():
-        return redis_once(b, tools, name, lambda cmd: cmd, env_plain,
-                          f"{name} redis plain")[0]
+        r, _, peak = redis_once(b, tools, name, lambda cmd: cmd, env_plain,
+                                f"{name} redis plain")
+        mem["plain"].append(peak)
+        return r
 
     def prof():
-        r = redis_once(b, tools, name, lambda cmd: b.profiled_argv(name, cmd), clean_env(),
-                       f"{name} redis under alloclens")[0]
+        r, _, peak = redis_once(b, tools, name, lambda cmd: b.profiled_argv(name, cmd),
+                                clean_env(), f"{name} redis under alloclens")
         counted.append(b.report_calls())
+        mem["profiled"].append(peak)
+        mem["report"].append(b.report_memory())
         return r
 
     p, q, err = alternate(args.runs, plain, prof, f"{name} redis", b.cli is not None,
@@ -383,6 +464,7 @@ def bench_redis(b, tools, name, path):
             reqs = args.redis_requests * len(REDIS_TESTS.split(","))
             row["notes"].append(f"about {statistics.median(seen) / reqs:.1f} allocation calls "
                                 f"per request (alloclens report)")
+    add_memory(row, mem)
     return row
 
 
@@ -434,6 +516,10 @@ def print_table(rows, header):
         table.append([r["allocator"], r["workload"], fmt_val(r, "plain"), fmt_val(r, "profiled"),
                       f"{r['ratio']:.3f}x" if "ratio" in r else "-", added_s, target_text(r),
                       f"{spread(r.get('plain_runs'))}/{spread(r.get('profiled_runs'))}"])
+    print_columns(cols, table, header)
+
+
+def print_columns(cols, table, header):
     widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c)
               for i, c in enumerate(cols)]
     print()
@@ -443,6 +529,32 @@ def print_table(rows, header):
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
     for t in table:
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+
+
+def print_memory(rows, header):
+    """Peak RSS of each side and the profiler's memory, as a share of the plain peak RSS."""
+    cols = ["allocator", "workload", "plain peak", "profiled peak", "shadow", "shadow/plain",
+            "profiler", "profiler/plain", "target"]
+
+    def mib(v):
+        return f"{v / 1048576.0:.1f} MiB" if v is not None else "-"
+
+    def pct(v, base):
+        return f"{100.0 * v / base:.1f}%" if v is not None and base else "-"
+
+    table = []
+    for r in rows:
+        plain = r["plain_rss_kib"] * 1024 if "plain_rss_kib" in r else None
+        prof = r["profiled_rss_kib"] * 1024 if "profiled_rss_kib" in r else None
+        shadow, mapped = r.get("shadow_bytes"), r.get("mapped_bytes")
+        target = "-"
+        if shadow is not None and plain:
+            ok = 100.0 * shadow / plain <= TARGET_SHADOW_PCT
+            target = f"<={TARGET_SHADOW_PCT:g}%  " + ("ok" if ok else "MISSED")
+        table.append([r["allocator"], r["workload"], mib(plain),
+                      mib(prof) if prof is not None or not r.get("error") else "failed",
+                      mib(shadow), pct(shadow, plain), mib(mapped), pct(mapped, plain), target])
+    print_columns(cols, table, header)
 
 
 # --------------------------------------------------------------------------- main
@@ -605,6 +717,12 @@ def main():
         + (", ".join(f"{r['plain']:.1f} ns {r['allocator']}" for r in pair_rows) or "-"),
     ]
     print_table([r for r in rows if "plain" in r], header)
+    mem_rows = [r for r in rows if "plain_rss_kib" in r]
+    if mem_rows:
+        print_memory(mem_rows, [
+            "memory: medians of each side's peak RSS and of the profiler memory in the report"
+            + ("  ['plain' is alloclens with --baseline-args]" if args.baseline_args is not None
+               else "")])
 
     print()
     print(f"malloc_bench: {args.threads} threads x {args.ops} ops and 1 thread x {2 * args.ops} "
@@ -623,6 +741,12 @@ def main():
     elif redis_note:
         print(redis_note)
     print("spread p/a: (max - min) / median of the plain / profiled runs.")
+    if mem_rows:
+        print("memory: peak RSS = ru_maxrss from wait4 (malloc_bench), redis-server's VmHWM just "
+              "before shutdown (redis); shadow = report profiler.shadow_bytes (shadow table + "
+              "object records, resident); profiler = profiler.mapped_bytes (all its memory, "
+              f"shadow included); % of the plain peak RSS; target: shadow <= "
+              f"{TARGET_SHADOW_PCT:g}%.")
     for r in rows:
         for n in r.get("notes", []):
             print(f"note: {r['allocator']} {r['workload']}: {n}")
@@ -633,6 +757,10 @@ def main():
             if "plain_runs" in r:
                 print(f"runs: {r['allocator']} {r['workload']}: plain {r['plain_runs']} "
                       f"profiled {r.get('profiled_runs', [])}")
+            if "plain_rss_runs" in r:
+                print(f"runs: {r['allocator']} {r['workload']}: peak RSS KiB plain "
+                      f"{r['plain_rss_runs']} profiled {r['profiled_rss_runs']}; "
+                      f"[mapped, shadow] bytes {r['profiler_runs']}")
     print(f"total time {elapsed:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -9,9 +9,9 @@
  * pool for large objects), the bytes freed and not yet taken again by an allocation of that
  * class. The total is the resident part of the allocator's heap (heap.c).
  *
- * A snapshot is taken when the process's resident size passes its previous peak by 1 MiB,
- * checked every AL_SNAP_CHECK_BYTES allocated by a thread; the one with the largest total is
- * the peak of the report.
+ * A snapshot is taken when the total passes its previous peak by 1 MiB, looked at every
+ * AL_SNAP_CHECK_BYTES allocated by a thread; the last one is the peak of the report (the state
+ * at exit replaces it only if it passed it by 1 MiB too).
  */
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -79,6 +79,10 @@ void _al_waste_init(const struct al_alloc_config *c)
         snprintf(w->classes_reason, sizeof w->classes_reason,
                  "neither size classes nor malloc_usable_size: internal fragmentation of small objects "
                  "is not measured");
+    if (_al_shadow_heap_init() < 0) {
+        snprintf(w->reason, sizeof w->reason, "the heap page table could not be mapped");
+        return;
+    }
     _al_heap_init();
     w->enabled = true;
 }
@@ -286,6 +290,9 @@ static void take(struct al_waste_snapshot *s)
     s->taken = true;
 }
 
+/* The process's resident size is the cheap first look (one read of /proc/self/statm): the
+ * heap cannot have grown by a step unless it grew by one. Then the heap itself is measured,
+ * and a snapshot taken only if it passed the peak by a step. */
 AL_NOINLINE void _al_waste_check(struct al_thread *t)
 {
     t->snap_countdown = AL_SNAP_CHECK_BYTES;
@@ -296,11 +303,12 @@ AL_NOINLINE void _al_waste_check(struct al_thread *t)
         return;
     if (atomic_exchange_explicit(&snap.lock, 1, memory_order_acquire))
         return; /* another thread is taking one */
-    struct al_waste_snapshot s = { .cls = snap.scratch };
-    take(&s);
-    snap.taken++;
     __atomic_store_n(&snap.next_rss, rss + SNAP_STEP, __ATOMIC_RELAXED);
-    if (s.total > _al_waste.peak.total || !_al_waste.peak.taken) {
+    uint64_t total = _al_heap_resident();
+    if (!_al_waste.peak.taken || total >= _al_waste.peak.total + SNAP_STEP) {
+        struct al_waste_snapshot s = { .cls = snap.scratch };
+        take(&s);
+        snap.taken++;
         int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
         memcpy(keep, s.cls, _al_waste.nslots * sizeof *keep);
         _al_waste.peak = s;

@@ -1,5 +1,6 @@
 /* The pages the allocator holds from the kernel: one bit per page, in 4 GiB slices (128 KiB
  * each, made on first use) hung off a directory like level 1's. */
+#include <errno.h>
 #include <sys/mman.h>
 
 #include "shadow.h"
@@ -12,19 +13,24 @@ _Atomic(struct al_heap_slice *) *_al_heap_dir;
 static _Atomic uint64_t listed[LISTED_MAX];
 static _Atomic uint32_t nlisted;
 
+int _al_shadow_heap_init(void)
+{
+    if (_al_heap_dir)
+        return 0;
+    if (!_al_shadow.dir)
+        return -EINVAL;
+    size_t bytes = _al_shadow.dir_entries * sizeof *_al_heap_dir;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    _al_heap_dir = p;
+    return 0;
+}
+
 static struct al_heap_slice *slice(uint64_t d, bool create)
 {
-    if (!_al_heap_dir) {
-        if (!create || !_al_shadow.dir)
-            return NULL;
-        size_t bytes = _al_shadow.dir_entries * sizeof *_al_heap_dir;
-        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        void *none = NULL;
-        if (p == MAP_FAILED)
-            return NULL;
-        if (!atomic_compare_exchange_strong((_Atomic(void *) *)&_al_heap_dir, &none, p))
-            munmap(p, bytes);
-    }
+    if (!_al_heap_dir)
+        return NULL;
     struct al_heap_slice *s = atomic_load_explicit(&_al_heap_dir[d], memory_order_acquire);
     if (s || !create)
         return s;

@@ -3,7 +3,8 @@
  *
  * The first nibble says how the rest reads: 0-11 is the size itself; 12, 13 and 14 announce
  * 1, 2 and 4 more nibbles holding size - 12; 15 announces 16 nibbles holding the size. An
- * object of a page or more adds 8 nibbles of pages. A size needs at most ceil(size / 8)
+ * object of a page or more adds 8 nibbles: the pages it is accounted for, so its free takes
+ * back exactly what its allocation counted. A size needs at most ceil(size / 8)
  * nibbles this way (12 bytes: 2, 28: 3, 268: 5, 65548: 17), so the record never leaves the
  * object, whose granules no other live object can share.
  */
@@ -124,14 +125,15 @@ bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req,
     uint8_t old = *head;
     *pages = 0;
     if (req >= AL_SHADOW_BIG) {
-        /* The most pages this address ever covered: what the last big object here recorded,
-         * if the last object here was one. */
-        uint64_t prev;
-        uint32_t prev_pages;
+        /* The most pages an object starting on this page ever covered: the kernel backs what
+         * was touched, and a smaller object there now does not give those pages back. */
+        _Atomic uint32_t *span = &r->page_span[AL_SHADOW_PAGE_INDEX(a)];
         *pages = _al_shadow_pages_of(a, req);
-        if ((old & (AL_SHADOW_SEEN | AL_SHADOW_LIVE)) == AL_SHADOW_SEEN && read_record(a, &prev, &prev_pages) &&
-            prev >= AL_SHADOW_BIG && prev_pages > *pages)
-            *pages = prev_pages;
+        uint32_t before = atomic_load_explicit(span, memory_order_relaxed);
+        if (before > *pages)
+            *pages = before;
+        else
+            atomic_store_explicit(span, *pages, memory_order_relaxed);
     }
     uint8_t nib[MAX_NIBBLES], *b[MAX_NIBBLES];
     unsigned n = _al_shadow_record_encode(nib, req, *pages);

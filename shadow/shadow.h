@@ -13,7 +13,7 @@
  * out), one byte: four flags (an allocation ever returned this address; the object here now is
  * live, is sampled, has a class the size table cannot tell) and a nibble of payload. A live
  * object's record is the payload of its first granules: its requested size (and, for objects
- * of a page or more, the most pages its address ever covered), written in at most
+ * of a page or more, the pages it is accounted for), written in at most
  * ceil(requested / 8) nibbles, so it always fits inside the object itself. The granules of a
  * live object belong to it alone: records are written with plain byte stores, no lock, no
  * atomic instruction, and grow with the heap, not with the number of objects.
@@ -50,6 +50,7 @@
 struct al_shadow_region {
     uint64_t base;                                  /* the first address described, | 1 */
     _Atomic uint32_t page_used[AL_SHADOW_PAGES];    /* level 2 */
+    _Atomic uint32_t page_span[AL_SHADOW_PAGES];    /* most pages an object from here covered */
     _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3 */
     uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4 */
 };
@@ -129,7 +130,8 @@ void _al_shadow_set_sampled(const void *p, bool sampled);
 
 struct al_shadow_object {
     uint64_t requested;
-    uint32_t pages;   /* objects of AL_SHADOW_BIG bytes or more: the most pages ever covered */
+    uint32_t pages;   /* objects of AL_SHADOW_BIG bytes or more: the most pages ever covered by
+                         an object starting on its page, when it was allocated */
     bool odd;
 };
 
@@ -141,7 +143,8 @@ bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req,
 
 /* Records a live object of REQ bytes at p allocated by the thread with tag TAG (1..255), and
  * the bytes it uses in the page and line entries. Returns whether an earlier allocation had
- * returned p; *pages is the most pages p ever covered (objects of AL_SHADOW_BIG or more). */
+ * returned p; *pages is the most pages an object of AL_SHADOW_BIG or more starting on p's page
+ * ever covered (this one included). */
 bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req, bool odd, unsigned tag,
                            uint32_t *pages);
 /* Retires the live object at p (before the allocator gets it back): false where p holds no
@@ -170,6 +173,8 @@ struct al_heap_slice {
 
 extern _Atomic(struct al_heap_slice *) *_al_heap_dir;
 
+/* Maps the directory of heap slices (after _al_shadow_init); 0 or -errno. */
+int _al_shadow_heap_init(void);
 /* Marks [start, end) as the allocator's (on) or no longer (off). */
 void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on);
 
@@ -178,7 +183,7 @@ static inline __attribute__((always_inline)) bool _al_shadow_heap_has(uint64_t a
 {
     uint64_t d = a >> AL_SHADOW_SLICE_SHIFT;
     if (__builtin_expect(d >= _al_shadow.dir_entries || !_al_heap_dir, 0))
-        return true; /* nothing to learn about it */
+        return true; /* nothing to learn about it, or nowhere to keep it */
     struct al_heap_slice *s = atomic_load_explicit(&_al_heap_dir[d], memory_order_acquire);
     if (__builtin_expect(s == NULL, 0))
         return false;

@@ -12,6 +12,7 @@ static void setup(void)
 {
     if (!_al_shadow.dir)
         ck_assert_int_eq(_al_shadow_init(), 0);
+    ck_assert_int_eq(_al_shadow_heap_init(), 0);
 }
 
 /* An allocation of REQ bytes at p, as the profiler records it: returns whether p was seen. */
@@ -105,8 +106,13 @@ START_TEST(big_objects_keep_their_most_pages)
     ck_assert(retire(p, &o));
     ck_assert_uint_eq(o.pages, 6);
     _al_shadow_object_new(_al_shadow_region_get(a), a, 2 * 4096, false, 1, &pages);
-    ck_assert_uint_eq(pages, 6); /* the address once covered six */
+    ck_assert_uint_eq(pages, 6); /* the page once started six */
     ck_assert(retire(p, &o));
+    ck_assert_uint_eq(o.pages, 6);
+    /* Another offset on the same page: the same pages backed. */
+    _al_shadow_object_new(_al_shadow_region_get(a + 256), a + 256, 4096, false, 1, &pages);
+    ck_assert_uint_eq(pages, 6);
+    ck_assert(retire(p + 256, &o));
 }
 END_TEST
 

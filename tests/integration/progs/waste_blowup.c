@@ -1,0 +1,89 @@
+/* waste_blowup MODE: ROUNDS batches of BATCH objects of SIZE bytes, each written.
+ *   threads: a producer thread allocates each batch; two consumer threads free it (half each);
+ *            the producer starts the next batch once the last one is freed.
+ *   single:  one thread allocates each batch and frees it, the same volume.
+ * Prints "batch_bytes N": the bytes of one batch. Allocators that keep freed memory in the
+ * freeing thread's cache cannot give it to the producer: its next batch takes new memory, and
+ * the freed bytes not taken again are blowup. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROUNDS 8
+#define BATCH 16384
+#define SIZE 256
+#define CONSUMERS 2
+
+static void *batch[BATCH];
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int round_ready = -1, done_count;
+
+static void *consumer(void *arg)
+{
+    int me = (int)(long)arg;
+    for (int r = 0; r < ROUNDS; r++) {
+        pthread_mutex_lock(&mu);
+        while (round_ready < r)
+            pthread_cond_wait(&cv, &mu);
+        pthread_mutex_unlock(&mu);
+        for (int i = me; i < BATCH; i += CONSUMERS)
+            free(batch[i]);
+        pthread_mutex_lock(&mu);
+        done_count++;
+        pthread_cond_broadcast(&cv);
+        pthread_mutex_unlock(&mu);
+    }
+    return NULL;
+}
+
+static void fill(void)
+{
+    for (int i = 0; i < BATCH; i++) {
+        batch[i] = malloc(SIZE);
+        if (!batch[i])
+            exit(1);
+        memset(batch[i], i, SIZE);
+    }
+}
+
+static void *producer(void *arg)
+{
+    (void)arg;
+    for (int r = 0; r < ROUNDS; r++) {
+        fill();
+        pthread_mutex_lock(&mu);
+        round_ready = r;
+        pthread_cond_broadcast(&cv);
+        while (done_count < (r + 1) * CONSUMERS)
+            pthread_cond_wait(&cv, &mu);
+        pthread_mutex_unlock(&mu);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2 || (strcmp(argv[1], "threads") && strcmp(argv[1], "single"))) {
+        fprintf(stderr, "usage: waste_blowup threads|single\n");
+        return 2;
+    }
+    if (!strcmp(argv[1], "threads")) {
+        pthread_t p, c[CONSUMERS];
+        for (long i = 0; i < CONSUMERS; i++)
+            pthread_create(&c[i], NULL, consumer, (void *)i);
+        pthread_create(&p, NULL, producer, NULL);
+        pthread_join(p, NULL);
+        for (int i = 0; i < CONSUMERS; i++)
+            pthread_join(c[i], NULL);
+    } else {
+        for (int r = 0; r < ROUNDS; r++) {
+            fill();
+            for (int i = 0; i < BATCH; i++)
+                free(batch[i]);
+        }
+    }
+    printf("batch_bytes %d\n", BATCH * SIZE);
+    return 0;
+}
