@@ -303,8 +303,11 @@ AL_NOINLINE void _al_waste_check(struct al_thread *t)
         return;
     if (atomic_exchange_explicit(&snap.lock, 1, memory_order_acquire))
         return; /* another thread is taking one */
-    __atomic_store_n(&snap.next_rss, rss + SNAP_STEP, __ATOMIC_RELAXED);
     uint64_t total = _al_heap_resident();
+    /* The heap cannot pass the mark before the process grows by what it lacks. */
+    uint64_t lack = _al_waste.peak.taken && total < _al_waste.peak.total + SNAP_STEP
+                        ? _al_waste.peak.total + SNAP_STEP - total : SNAP_STEP;
+    __atomic_store_n(&snap.next_rss, rss + (lack > SNAP_STEP / 16 ? lack : SNAP_STEP / 16), __ATOMIC_RELAXED);
     if (!_al_waste.peak.taken || total >= _al_waste.peak.total + SNAP_STEP) {
         struct al_waste_snapshot s = { .cls = snap.scratch };
         take(&s);
@@ -326,9 +329,10 @@ void _al_waste_final(void)
     struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
     take(&s);
     _al_waste.final = s;
-    /* The state at exit is the peak only if it passed the last snapshot by a step, as any
-     * snapshot must: otherwise the peak is when that footprint was first reached. */
-    if (!_al_waste.peak.taken || s.total >= _al_waste.peak.total + SNAP_STEP) {
+    /* The state at exit is the peak only if it passed the last snapshot by more than the rule
+     * can miss (a step, plus what a thread allocates between two looks): otherwise the peak
+     * is the snapshot taken when that footprint was reached. */
+    if (!_al_waste.peak.taken || s.total > _al_waste.peak.total + SNAP_STEP + AL_SNAP_CHECK_BYTES) {
         memcpy(_al_waste.peak.cls, s.cls, _al_waste.nslots * sizeof *s.cls);
         int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
         _al_waste.peak = s;
