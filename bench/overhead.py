@@ -195,9 +195,9 @@ class Bench:
             if self.subreaper:
                 if os.path.exists(self.pid_path):
                     os.unlink(self.pid_path)
-                proc = subprocess.Popen(["/bin/sh", "-c", '"$@" & echo $! >"$0"',
-                                         self.pid_path, *argv], env=env, stdout=fo, stderr=fe,
-                                        start_new_session=True)
+                proc = subprocess.Popen(["/bin/sh", "-c", 'p=$1; shift; "$@" & echo $! >"$p"',
+                                         "sh", self.pid_path, *argv], env=env, stdout=fo,
+                                        stderr=fe, start_new_session=True)
                 try:
                     proc.wait(timeout=60)
                     with open(self.pid_path) as f:
@@ -775,8 +775,9 @@ def main():
         print(redis_note)
     print("spread p/a: (max - min) / median of the plain / profiled runs.")
     if mem_rows:
-        print("memory: peak RSS = ru_maxrss from wait4 (malloc_bench), redis-server's VmHWM just "
-              "before shutdown (redis); shadow = report profiler.shadow_bytes (shadow table + "
+        print("memory: peak RSS = ru_maxrss from wait4 (malloc_bench, started by /bin/sh and "
+              "reaped as an orphan, so this script's memory is not in it), redis-server's VmHWM "
+              "just before shutdown (redis); shadow = report profiler.shadow_bytes (shadow table + "
               "object records, resident); profiler = profiler.mapped_bytes (all its memory, "
               f"shadow included); % of the plain peak RSS; target: shadow <= "
               f"{TARGET_SHADOW_PCT:g}%."
