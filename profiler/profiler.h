@@ -259,7 +259,8 @@ struct al_thread {
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
     unsigned tag;            /* 1..255: this thread in the shadow table's line entries */
     int64_t snap_countdown;  /* bytes to allocate until the next look at the footprint */
-    int64_t (*cls)[3];       /* per size-class row: live objects, requested bytes, extra (waste.c) */
+    int64_t (*cls)[4];       /* per size-class row: live objects, requested bytes, extra, blowup
+                                credit (waste.c) */
     int64_t sample_countdown; /* bytes until the next sampled allocation */
     uint64_t rng;             /* this thread's generator for the countdowns */
     struct al_thread *next;
@@ -308,7 +309,12 @@ uint64_t _al_heap_resident(void);
 
 /* ---- waste.c: memory waste, per size class, snapshots at the peak -------------------------- */
 
-enum { AL_CLS_OBJECTS, AL_CLS_REQUESTED, AL_CLS_EXTRA, AL_CLS_N };
+enum { AL_CLS_OBJECTS, AL_CLS_REQUESTED, AL_CLS_EXTRA, AL_CLS_CREDIT, AL_CLS_N };
+
+/* Blowup freed by a thread is its credit first, taken back by its own allocations of the class
+ * without an atomic; past this many bytes it goes to the class's global count, where every
+ * thread's allocations take from it. */
+#define AL_CREDIT_FLUSH (64 << 10)
 enum { AL_SLOT_OBJECTS, AL_SLOT_REQUESTED, AL_SLOT_INTERNAL, AL_SLOT_BLOWUP, AL_SLOT_N };
 
 #define AL_SNAP_CHECK_BYTES (256 << 10)
@@ -359,6 +365,20 @@ void _al_waste_final(void);
 void _al_waste_after_fork_child(void);
 void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots);
 
+/* An allocation of SIZE bytes of class SLOT takes back freed bytes: its thread's credit first,
+ * else the global count while it is positive. */
+AL_INLINE void _al_waste_take_blowup(int64_t *row, uint32_t slot, int64_t size)
+{
+    int64_t credit = AL_READ(row[AL_CLS_CREDIT]);
+    if (AL_LIKELY(credit >= size)) {
+        __atomic_store_n(&row[AL_CLS_CREDIT], credit - size, __ATOMIC_RELAXED);
+        return;
+    }
+    _Atomic int64_t *b = &_al_waste.blowup[slot];
+    if (atomic_load_explicit(b, memory_order_relaxed) > 0)
+        atomic_fetch_sub_explicit(b, size, memory_order_relaxed);
+}
+
 AL_INLINE void _al_waste_countdown(struct al_thread *t, uint64_t req)
 {
     t->snap_countdown -= (int64_t)req + 16;
@@ -380,11 +400,10 @@ AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, uns
         return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd);
     uint32_t slot = _al_class_index(&_al_waste.table, req), pages;
     bool reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
-    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], 1);
-    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], (int64_t)req);
-    _Atomic int64_t *b = &_al_waste.blowup[slot];
-    if (atomic_load_explicit(b, memory_order_relaxed) > 0)
-        atomic_fetch_sub_explicit(b, (int64_t)_al_waste.table.classes[slot], memory_order_relaxed);
+    int64_t *row = t->cls[slot], size = (int64_t)_al_waste.table.classes[slot];
+    AL_BUMP(row[AL_CLS_OBJECTS], 1);
+    AL_BUMP(row[AL_CLS_REQUESTED], (int64_t)req);
+    _al_waste_take_blowup(row, slot, size);
     _al_waste_countdown(t, req);
     return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
 }

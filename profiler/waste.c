@@ -7,7 +7,9 @@
  * fragmentation of a class is then objects x class size + extra - requested, summed when a
  * snapshot is taken, not on every call. Blowup is the one global state: per class (and one
  * pool for large objects), the bytes freed and not yet taken again by an allocation of that
- * class. The total is the resident part of the allocator's heap (heap.c).
+ * class; a thread keeps up to AL_CREDIT_FLUSH bytes of its own frees per class as credit
+ * before adding them to it, so a thread that frees and allocates the same class (the common
+ * case) takes no atomic. The total is the resident part of the allocator's heap (heap.c).
  *
  * A snapshot is taken when the total passes its previous peak by 1 MiB, looked at every
  * AL_SNAP_CHECK_BYTES allocated by a thread; the last one is the peak of the report (the state
@@ -101,9 +103,13 @@ void _al_waste_thread_retire(struct al_thread *t)
 {
     if (!t->cls || !_al_waste.exited)
         return;
-    for (uint32_t s = 0; s < _al_waste.nslots; s++)
-        for (unsigned k = 0; k < AL_CLS_N; k++)
+    for (uint32_t s = 0; s < _al_waste.nslots; s++) {
+        for (unsigned k = 0; k < AL_CLS_CREDIT; k++)
             _al_waste.exited[s][k] += AL_READ(t->cls[s][k]);
+        int64_t credit = AL_READ(t->cls[s][AL_CLS_CREDIT]);
+        if (credit) /* no thread of its own to take it back now */
+            atomic_fetch_add_explicit(&_al_waste.blowup[s], credit, memory_order_relaxed);
+    }
     size_t bytes = ((size_t)_al_waste.nslots * sizeof *t->cls + 4095) & ~(size_t)4095;
     madvise(t->cls, bytes, MADV_DONTNEED); /* zero again, and no longer resident */
 }
@@ -147,11 +153,15 @@ static uint32_t classify(void *p, uint64_t a, uint64_t req, unsigned large, bool
     return slot;
 }
 
-static void lower_blowup(uint32_t slot, int64_t bytes)
+/* A free gives its bytes to its thread's credit, passed on to the global count in batches. */
+static void raise_blowup(int64_t *row, uint32_t slot, int64_t bytes)
 {
-    _Atomic int64_t *b = &_al_waste.blowup[slot];
-    if (atomic_load_explicit(b, memory_order_relaxed) > 0)
-        atomic_fetch_sub_explicit(b, bytes, memory_order_relaxed);
+    int64_t credit = AL_READ(row[AL_CLS_CREDIT]) + bytes;
+    if (credit > AL_CREDIT_FLUSH) {
+        atomic_fetch_add_explicit(&_al_waste.blowup[slot], credit, memory_order_relaxed);
+        credit = 0;
+    }
+    __atomic_store_n(&row[AL_CLS_CREDIT], credit, __ATOMIC_RELAXED);
 }
 
 AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
@@ -178,7 +188,7 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
     AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], 1);
     AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], (int64_t)req);
     AL_BUMP(t->cls[slot][AL_CLS_EXTRA], extra);
-    lower_blowup(slot, bytes);
+    _al_waste_take_blowup(t->cls[slot], slot, bytes);
     _al_waste_countdown(t, req);
     return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
 }
@@ -213,7 +223,7 @@ unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *un
     AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], -1);
     AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], -(int64_t)o.requested);
     AL_BUMP(t->cls[slot][AL_CLS_EXTRA], -extra);
-    atomic_fetch_add_explicit(&_al_waste.blowup[slot], bytes, memory_order_relaxed);
+    raise_blowup(t->cls[slot], slot, bytes);
     if (undo) {
         undo->requested = o.requested;
         undo->slot = slot;
@@ -235,7 +245,7 @@ void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo 
     AL_BUMP(t->cls[u->slot][AL_CLS_OBJECTS], 1);
     AL_BUMP(t->cls[u->slot][AL_CLS_REQUESTED], (int64_t)u->requested);
     AL_BUMP(t->cls[u->slot][AL_CLS_EXTRA], u->extra);
-    atomic_fetch_sub_explicit(&_al_waste.blowup[u->slot], u->bytes, memory_order_relaxed);
+    _al_waste_take_blowup(t->cls[u->slot], u->slot, u->bytes);
 }
 
 /* ---- snapshots ------------------------------------------------------------------------------ */
@@ -277,6 +287,7 @@ static void take(struct al_waste_snapshot *s)
             internal = 0;
         if (blowup < 0)
             blowup = 0;
+        blowup += snap.sums[i][AL_CLS_CREDIT];
         s->cls[i][AL_SLOT_OBJECTS] = objects;
         s->cls[i][AL_SLOT_REQUESTED] = req;
         s->cls[i][AL_SLOT_INTERNAL] = internal;

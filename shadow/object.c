@@ -95,7 +95,29 @@ static unsigned granules(uint64_t a, unsigned n, uint8_t **bytes)
     return n;
 }
 
-static bool read_record(uint64_t a, uint64_t *req, uint32_t *pages)
+static bool read_record_far(uint64_t a, uint64_t *req, uint32_t *pages);
+
+/* The common case inline: the record lies in A's own region. */
+static inline bool read_record(uint64_t a, uint64_t *req, uint32_t *pages)
+{
+    struct al_shadow_region *r = _al_shadow_region(a);
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    if (__builtin_expect(!r || g + MAX_NIBBLES > AL_SHADOW_GRANULES, 0))
+        return read_record_far(a, req, pages);
+    const uint8_t *b = &r->granule[g];
+    unsigned first = b[0] >> 4;
+    *pages = 0;
+    if (first < 12) {
+        *req = first;
+        return true;
+    }
+    uint8_t nib[MAX_NIBBLES];
+    for (unsigned i = 0; i < MAX_NIBBLES; i++)
+        nib[i] = b[i] >> 4;
+    return _al_shadow_record_decode(nib, MAX_NIBBLES, req, pages);
+}
+
+static bool read_record_far(uint64_t a, uint64_t *req, uint32_t *pages)
 {
     static const unsigned extra[4] = { 1, 2, 4, 16 };
     uint8_t *b[MAX_NIBBLES], nib[MAX_NIBBLES];
@@ -147,7 +169,10 @@ bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req,
     }
     __atomic_store_n(head, (uint8_t)(nib[0] << 4 | AL_SHADOW_SEEN | AL_SHADOW_LIVE | (odd ? AL_SHADOW_ODD : 0)),
                      __ATOMIC_RELAXED);
-    _al_shadow_use(a, req, 1, tag);
+    if (req >= AL_SHADOW_BIG)
+        _al_shadow_use_big(a, req, 1);
+    else
+        _al_shadow_own_lines(r, a, req, tag);
     return (old & AL_SHADOW_SEEN) != 0;
 }
 
@@ -160,6 +185,17 @@ bool _al_shadow_object_end(struct al_shadow_region *r, uint64_t a, struct al_sha
     o->odd = (v & AL_SHADOW_ODD) != 0;
     /* The payload stays: the next big object here reads the pages it covered. */
     __atomic_store_n(head, (uint8_t)(v & ~(AL_SHADOW_LIVE | AL_SHADOW_ODD | AL_SHADOW_SAMPLED)), __ATOMIC_RELAXED);
-    _al_shadow_use(a, o->requested, -1, 0);
+    if (o->requested >= AL_SHADOW_BIG)
+        _al_shadow_use_big(a, o->requested, -1);
     return true;
+}
+
+bool _al_shadow_object_read(uint64_t a, struct al_shadow_object *o)
+{
+    struct al_shadow_region *r = _al_shadow_region(a);
+    if (!r)
+        return false;
+    uint8_t v = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED);
+    o->odd = (v & AL_SHADOW_ODD) != 0;
+    return (v & AL_SHADOW_LIVE) && read_record(a, &o->requested, &o->pages);
 }

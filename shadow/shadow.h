@@ -6,7 +6,7 @@
  * address space, and programs run under `ulimit -v` would feel it. Each entry points to a
  * region record made on first use from mmap, which holds level 2 (256 page entries: bytes in
  * use on the page) and level 3 (64 cache-line entries per page: bytes in use on the line and
- * which threads own objects on it). The kernel backs a region record's pages only as they are
+ * which threads own objects on it; see usage.c for what is kept and what is summed on read). The kernel backs a region record's pages only as they are
  * written, so an entry costs memory in proportion to the heap it describes.
  *
  * The region record also holds, per 8-byte granule (the smallest alignment any allocator hands
@@ -40,8 +40,9 @@
 #define AL_SHADOW_LINES (1u << (AL_SHADOW_PAGE_SHIFT - AL_SHADOW_LINE_SHIFT))
 #define AL_SHADOW_GRANULES (1u << (AL_SHADOW_REGION_SHIFT - AL_SHADOW_GRANULE_SHIFT))
 
-/* A line entry: bytes in use (0..64) in bits 0-6, the tag of the first thread owning an
- * object on the line in bits 7-14 (0: none), bit 15 set once a second thread owns one too. */
+/* A line entry: the tag of the first thread owning an object on the line in bits 7-14 (0:
+ * none), bit 15 set once a second thread owns one too; as read, bytes in use (0..64) in bits
+ * 0-6. */
 #define AL_LINE_USED_MASK 0x7fu
 #define AL_LINE_OWNER_SHIFT 7
 #define AL_LINE_OWNER_MASK (0xffu << AL_LINE_OWNER_SHIFT)
@@ -160,10 +161,30 @@ static inline uint32_t _al_shadow_pages_of(uint64_t a, uint64_t n)
 
 /* ---- usage.c: levels 2 and 3, bytes in use ------------------------------------------------- */
 
-/* Adds (or, with SIGN -1, removes) the N bytes at A to the page and line entries. */
-void _al_shadow_use(uint64_t a, uint64_t n, int sign, unsigned tag);
+#define AL_SHADOW_COLD __attribute__((cold, noinline))
+
+void _al_shadow_own_slow(_Atomic uint16_t *l, unsigned tag);
+
+/* Records that the thread with tag TAG owns an object on line L (a load, a write only when the
+ * owners change). */
+static inline __attribute__((always_inline)) void _al_shadow_own(_Atomic uint16_t *l, unsigned tag)
+{
+    uint16_t v = atomic_load_explicit(l, memory_order_relaxed);
+    if (__builtin_expect(((v & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT) == tag || (v & AL_LINE_SHARED), 1))
+        return;
+    _al_shadow_own_slow(l, tag);
+}
+
+void _al_shadow_own_lines(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
+/* Adds (or, with SIGN -1, removes) the N bytes of an object of AL_SHADOW_BIG or more at A to
+ * the page entries. */
+void _al_shadow_use_big(uint64_t a, uint64_t n, int sign);
+/* Bytes in use on the page of p; the line entry of p (owners, and bytes in use in the low bits,
+ * summed from the records of the objects under a page there). */
 uint32_t _al_shadow_page_used(const void *p);
-uint16_t _al_shadow_line(const void *p); /* the raw line entry */
+uint16_t _al_shadow_line(const void *p);
+/* The live record at A, read (not retired); false where none. */
+bool _al_shadow_object_read(uint64_t a, struct al_shadow_object *o);
 
 /* ---- heap.c: the pages the allocator holds from the kernel --------------------------------- */
 
