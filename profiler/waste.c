@@ -11,9 +11,10 @@
  * before adding them to it, so a thread that frees and allocates the same class (the common
  * case) takes no atomic. The total is the resident part of the allocator's heap (heap.c).
  *
- * A snapshot is taken when the total passes its previous peak by 1 MiB, looked at every
- * AL_SNAP_CHECK_BYTES allocated by a thread; the last one is the peak of the report (the state
- * at exit replaces it only if it passed it by 1 MiB too).
+ * A snapshot is taken when the total passes its previous peak by 1 MiB, looked at each time a
+ * thread's allocations outgrow its frees by AL_SNAP_CHECK_BYTES; the last one is the peak of
+ * the report (the state at exit replaces it only if it passed it by more than the rule can
+ * miss).
  */
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -220,6 +221,11 @@ unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *un
             extra = u ? (int64_t)u - bytes : 0;
         }
     }
+    /* The footprint is looked at after a thread's allocations outgrow its frees by a step:
+     * a thread that frees what it allocates never pays for the look. */
+    t->snap_countdown += (int64_t)o.requested + 16;
+    if (t->snap_countdown > AL_SNAP_CHECK_BYTES)
+        t->snap_countdown = AL_SNAP_CHECK_BYTES;
     AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], -1);
     AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], -(int64_t)o.requested);
     AL_BUMP(t->cls[slot][AL_CLS_EXTRA], -extra);
