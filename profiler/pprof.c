@@ -1,17 +1,18 @@
 /* A heap profile in pprof's profile.proto format (github.com/google/pprof/proto/profile.proto),
  * gzipped, laid out as Go's heap profiles are so `go tool pprof` reads it.
  *
- * This runs inside the profiled process, in front of the allocator being measured: nothing here
- * calls malloc. The message is encoded by hand into mmap'd buffers (struct al_buf), strings,
+ * This runs inside the profiled process, in front of the allocator being measured: the encoder
+ * calls no malloc (reading build ids goes through elfutils, which does, uncounted, as the
+ * symbolizer in report_sites.c does). The message is encoded by hand into mmap'd buffers (struct al_buf), strings,
  * functions and locations are deduplicated through open-addressing tables in mmap'd memory, and
  * zlib allocates from an mmap'd bump region given back at the end. Stack use stays small (the
  * report may be written on a PTHREAD_STACK_MIN stack). */
-#include <elf.h>
+#include <elfutils/libdwelf.h>
+#include <gelf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -585,121 +586,11 @@ int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *er
 
 /* ---- GNU build ids ------------------------------------------------------------------------ */
 
-/* Looks for NT_GNU_BUILD_ID among the notes in P[0..N); entries are padded to ALIGN. */
-static int scan_notes(const unsigned char *p, uint64_t n, uint64_t align, char *hex, size_t cap)
-{
-    static const char digits[] = "0123456789abcdef";
-    uint64_t off = 0;
-    while (n - off >= 12) {
-        uint32_t hdr[3];
-        memcpy(hdr, p + off, sizeof hdr);
-        uint64_t namesz = hdr[0], descsz = hdr[1];
-        uint64_t name = off + 12;
-        uint64_t desc = name + ((namesz + align - 1) & ~(align - 1));
-        uint64_t next = desc + ((descsz + align - 1) & ~(align - 1));
-        if (desc + descsz > n)
-            return -ENOENT; /* malformed: nothing past here can be trusted */
-        if (hdr[2] == NT_GNU_BUILD_ID && namesz == 4 && memcmp(p + name, "GNU", 4) == 0 && descsz) {
-            if (cap < descsz * 2 + 1)
-                return -ERANGE;
-            for (uint64_t i = 0; i < descsz; i++) {
-                hex[2 * i] = digits[p[desc + i] >> 4];
-                hex[2 * i + 1] = digits[p[desc + i] & 15];
-            }
-            hex[descsz * 2] = '\0';
-            return 0;
-        }
-        if (next > n)
-            break;
-        off = next;
-    }
-    return -ENOENT;
-}
-
-static int scan_region(const unsigned char *base, uint64_t size, uint64_t off, uint64_t len,
-                       uint64_t align, char *hex, size_t cap)
-{
-    if (off > size || len > size - off)
-        return -ENOENT;
-    return scan_notes(base + off, len, align == 8 ? 8 : 4, hex, cap);
-}
-
-/* An ELF image of this machine's byte order, 32- or 64-bit: its PT_NOTE segments, then (for
- * files without program headers, or whose notes are only in sections) its SHT_NOTE sections. */
-static int elf_build_id(const unsigned char *m, uint64_t size, char *hex, size_t cap)
-{
-    if (size < EI_NIDENT || memcmp(m, ELFMAG, SELFMAG) != 0)
-        return -ENOEXEC;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (m[EI_DATA] != ELFDATA2LSB)
-        return -ENOEXEC;
-#else
-    if (m[EI_DATA] != ELFDATA2MSB)
-        return -ENOEXEC;
-#endif
-    bool is64 = m[EI_CLASS] == ELFCLASS64;
-    if (!is64 && m[EI_CLASS] != ELFCLASS32)
-        return -ENOEXEC;
-
-    uint64_t phoff, shoff, phentsize, phnum, shentsize, shnum;
-    if (is64) {
-        Elf64_Ehdr e;
-        if (size < sizeof e)
-            return -ENOEXEC;
-        memcpy(&e, m, sizeof e);
-        phoff = e.e_phoff, phentsize = e.e_phentsize, phnum = e.e_phnum;
-        shoff = e.e_shoff, shentsize = e.e_shentsize, shnum = e.e_shnum;
-    } else {
-        Elf32_Ehdr e;
-        if (size < sizeof e)
-            return -ENOEXEC;
-        memcpy(&e, m, sizeof e);
-        phoff = e.e_phoff, phentsize = e.e_phentsize, phnum = e.e_phnum;
-        shoff = e.e_shoff, shentsize = e.e_shentsize, shnum = e.e_shnum;
-    }
-
-    int r;
-    size_t phsize = is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr);
-    if (phnum && phentsize >= phsize && phoff <= size && phnum * phentsize <= size - phoff) {
-        for (uint64_t i = 0; i < phnum; i++) {
-            const unsigned char *q = m + phoff + i * phentsize;
-            uint64_t type, off, len, align;
-            if (is64) {
-                Elf64_Phdr ph;
-                memcpy(&ph, q, sizeof ph);
-                type = ph.p_type, off = ph.p_offset, len = ph.p_filesz, align = ph.p_align;
-            } else {
-                Elf32_Phdr ph;
-                memcpy(&ph, q, sizeof ph);
-                type = ph.p_type, off = ph.p_offset, len = ph.p_filesz, align = ph.p_align;
-            }
-            if (type == PT_NOTE && (r = scan_region(m, size, off, len, align, hex, cap)) != -ENOENT)
-                return r;
-        }
-    }
-    size_t shsize = is64 ? sizeof(Elf64_Shdr) : sizeof(Elf32_Shdr);
-    if (shnum && shentsize >= shsize && shoff <= size && shnum * shentsize <= size - shoff) {
-        for (uint64_t i = 0; i < shnum; i++) {
-            const unsigned char *q = m + shoff + i * shentsize;
-            uint64_t type, off, len, align;
-            if (is64) {
-                Elf64_Shdr sh;
-                memcpy(&sh, q, sizeof sh);
-                type = sh.sh_type, off = sh.sh_offset, len = sh.sh_size, align = sh.sh_addralign;
-            } else {
-                Elf32_Shdr sh;
-                memcpy(&sh, q, sizeof sh);
-                type = sh.sh_type, off = sh.sh_offset, len = sh.sh_size, align = sh.sh_addralign;
-            }
-            if (type == SHT_NOTE && (r = scan_region(m, size, off, len, align, hex, cap)) != -ENOENT)
-                return r;
-        }
-    }
-    return -ENOENT;
-}
-
+/* The NT_GNU_BUILD_ID note of an ELF file, found by elfutils (in its PT_NOTE segments, or its
+ * SHT_NOTE sections for files without program headers), as hex. */
 int _al_build_id(const char *file, char *hex, size_t cap)
 {
+    static const char digits[] = "0123456789abcdef";
     if (!file || !hex || !cap)
         return -EINVAL;
     hex[0] = '\0';
@@ -707,24 +598,31 @@ int _al_build_id(const char *file, char *hex, size_t cap)
     if (fd < 0)
         return -errno;
     struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int r = -errno;
+    int r = fstat(fd, &st) < 0 ? -errno : S_ISDIR(st.st_mode) ? -EISDIR : -ENOEXEC;
+    if (r != -ENOEXEC || !S_ISREG(st.st_mode) || st.st_size < EI_NIDENT) {
         close(fd);
         return r;
     }
-    if (!S_ISREG(st.st_mode) || st.st_size < EI_NIDENT) {
-        close(fd);
-        return S_ISDIR(st.st_mode) ? -EISDIR : -ENOEXEC;
+    elf_version(EV_CURRENT);
+    Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
+    const unsigned char *id;
+    if (elf && elf_kind(elf) == ELF_K_ELF) {
+        ssize_t n = dwelf_elf_gnu_build_id(elf, (const void **)&id);
+        if (n <= 0) {
+            r = -ENOENT;
+        } else if (cap < (size_t)n * 2 + 1) {
+            r = -ERANGE;
+        } else {
+            for (ssize_t i = 0; i < n; i++) {
+                hex[2 * i] = digits[id[i] >> 4];
+                hex[2 * i + 1] = digits[id[i] & 15];
+            }
+            hex[n * 2] = '\0';
+            r = 0;
+        }
     }
-    size_t size = (size_t)st.st_size;
-    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int r = m == MAP_FAILED ? -errno : 0;
+    if (elf)
+        elf_end(elf);
     close(fd);
-    if (r < 0)
-        return r;
-    r = elf_build_id(m, size, hex, cap);
-    munmap(m, size);
-    if (r < 0)
-        hex[0] = '\0';
     return r;
 }
