@@ -394,12 +394,13 @@ AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, uns
     struct al_shadow_region *r = _al_shadow_region_get(a);
     if (AL_UNLIKELY(r == NULL))
         return AL_REUSE_NEW;
-    if (AL_UNLIKELY(!_al_shadow_heap_has(a)))
-        _al_heap_discover(a);
     if (AL_UNLIKELY(large | maybe_odd | !_al_waste.has_table | !t->cls))
         return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd);
     uint32_t slot = _al_class_index(&_al_waste.table, req), pages;
     bool reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
+    /* An address returned before lies on a page already looked at. */
+    if (AL_UNLIKELY(!reused) && !_al_shadow_heap_has(a))
+        _al_heap_discover(a);
     int64_t *row = t->cls[slot], size = (int64_t)_al_waste.table.classes[slot];
     AL_BUMP(row[AL_CLS_OBJECTS], 1);
     AL_BUMP(row[AL_CLS_REQUESTED], (int64_t)req);

@@ -168,6 +168,8 @@ static void raise_blowup(int64_t *row, uint32_t slot, int64_t bytes)
 AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
                                           unsigned large, bool maybe_odd)
 {
+    if (!_al_shadow_heap_has(a))
+        _al_heap_discover(a);
     if (!t->cls) {
         if (_al_waste.enabled)
             t->cls = map_array(_al_waste.nslots * sizeof *t->cls);

@@ -140,8 +140,8 @@ static bool read_record_far(uint64_t a, uint64_t *req, uint32_t *pages)
     return false;
 }
 
-bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req, bool odd, unsigned tag,
-                           uint32_t *pages)
+bool _al_shadow_object_new_any(struct al_shadow_region *r, uint64_t a, uint64_t req, bool odd, unsigned tag,
+                               uint32_t *pages)
 {
     uint8_t *head = &r->granule[AL_SHADOW_GRANULE(a)];
     uint8_t old = *head;
@@ -176,7 +176,7 @@ bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req,
     return (old & AL_SHADOW_SEEN) != 0;
 }
 
-bool _al_shadow_object_end(struct al_shadow_region *r, uint64_t a, struct al_shadow_object *o)
+bool _al_shadow_object_end_any(struct al_shadow_region *r, uint64_t a, struct al_shadow_object *o)
 {
     uint8_t *head = &r->granule[AL_SHADOW_GRANULE(a)];
     uint8_t v = *head;

@@ -123,42 +123,6 @@ static inline __attribute__((always_inline)) unsigned _al_shadow_flags(const voi
 /* Marks or unmarks the object at p as sampled (the rare path). */
 void _al_shadow_set_sampled(const void *p, bool sampled);
 
-/* ---- object.c: the object records ---------------------------------------------------------- */
-
-/* Objects of this many requested bytes or more also record the most pages their address ever
- * covered, and count in page entries rather than line entries. */
-#define AL_SHADOW_BIG AL_SHADOW_PAGE_SIZE
-
-struct al_shadow_object {
-    uint64_t requested;
-    uint32_t pages;   /* objects of AL_SHADOW_BIG bytes or more: the most pages ever covered by
-                         an object starting on its page, when it was allocated */
-    bool odd;
-};
-
-/* The records as nibble strings (exposed for the tests): the nibbles an object of REQ bytes
- * needs, encoding, decoding. */
-unsigned _al_shadow_record_nibbles(uint64_t req);
-unsigned _al_shadow_record_encode(uint8_t *nib, uint64_t req, uint32_t pages);
-bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req, uint32_t *pages);
-
-/* Records a live object of REQ bytes at p allocated by the thread with tag TAG (1..255), and
- * the bytes it uses in the page and line entries. Returns whether an earlier allocation had
- * returned p; *pages is the most pages an object of AL_SHADOW_BIG or more starting on p's page
- * ever covered (this one included). */
-bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a, uint64_t req, bool odd, unsigned tag,
-                           uint32_t *pages);
-/* Retires the live object at p (before the allocator gets it back): false where p holds no
- * live record (an object made before alloclens started, or outside its view). */
-bool _al_shadow_object_end(struct al_shadow_region *r, uint64_t a, struct al_shadow_object *o);
-
-/* Pages an object of N bytes at A covers. */
-static inline uint32_t _al_shadow_pages_of(uint64_t a, uint64_t n)
-{
-    uint64_t first = a >> AL_SHADOW_PAGE_SHIFT, last = (a + (n ? n : 1) - 1) >> AL_SHADOW_PAGE_SHIFT;
-    return (uint32_t)(last - first + 1);
-}
-
 /* ---- usage.c: levels 2 and 3, bytes in use ------------------------------------------------- */
 
 #define AL_SHADOW_COLD __attribute__((cold, noinline))
@@ -183,8 +147,90 @@ void _al_shadow_use_big(uint64_t a, uint64_t n, int sign);
  * summed from the records of the objects under a page there). */
 uint32_t _al_shadow_page_used(const void *p);
 uint16_t _al_shadow_line(const void *p);
+
+/* ---- object.c: the object records ---------------------------------------------------------- */
+
+/* Objects of this many requested bytes or more also record the most pages their address ever
+ * covered, and count in page entries rather than line entries. */
+#define AL_SHADOW_BIG AL_SHADOW_PAGE_SIZE
+
+struct al_shadow_object {
+    uint64_t requested;
+    uint32_t pages;   /* objects of AL_SHADOW_BIG bytes or more: the most pages ever covered by
+                         an object starting on its page, when it was allocated */
+    bool odd;
+};
+
+/* The records as nibble strings (exposed for the tests): the nibbles an object of REQ bytes
+ * needs, encoding, decoding. */
+unsigned _al_shadow_record_nibbles(uint64_t req);
+unsigned _al_shadow_record_encode(uint8_t *nib, uint64_t req, uint32_t pages);
+bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req, uint32_t *pages);
+
+/* The general forms of the two below (object.c): any size, records across regions. */
+bool _al_shadow_object_new_any(struct al_shadow_region *r, uint64_t a, uint64_t req, bool odd, unsigned tag,
+                               uint32_t *pages);
+bool _al_shadow_object_end_any(struct al_shadow_region *r, uint64_t a, struct al_shadow_object *o);
+
+/* Objects under this many bytes have records of at most 3 nibbles, read and written inline. */
+#define AL_SHADOW_SHORT 268u
+
+/* Records a live object of REQ bytes at p allocated by the thread with tag TAG (1..255), and
+ * the bytes it uses in the page and line entries. Returns whether an earlier allocation had
+ * returned p; *pages is the most pages an object of AL_SHADOW_BIG or more starting on p's page
+ * ever covered (this one included). */
+static inline __attribute__((always_inline)) bool _al_shadow_object_new(struct al_shadow_region *r, uint64_t a,
+                                                                         uint64_t req, bool odd, unsigned tag,
+                                                                         uint32_t *pages)
+{
+    uint64_t off = a & ((1u << AL_SHADOW_REGION_SHIFT) - 1);
+    if (__builtin_expect(req >= AL_SHADOW_SHORT || off + req + 24 > (1u << AL_SHADOW_REGION_SHIFT), 0))
+        return _al_shadow_object_new_any(r, a, req, odd, tag, pages);
+    uint8_t *b = &r->granule[off >> AL_SHADOW_GRANULE_SHIFT];
+    uint8_t old = b[0];
+    unsigned first = req < 12 ? (unsigned)req : req < 28 ? 12u : 13u;
+    if (req >= 12) {
+        b[1] = (uint8_t)((b[1] & 0xf) | ((req - 12) & 0xf) << 4);
+        if (req >= 28)
+            b[2] = (uint8_t)((b[2] & 0xf) | (((req - 12) >> 4) & 0xf) << 4);
+    }
+    __atomic_store_n(b, (uint8_t)(first << 4 | AL_SHADOW_SEEN | AL_SHADOW_LIVE | (odd ? AL_SHADOW_ODD : 0)),
+                     __ATOMIC_RELAXED);
+    *pages = 0;
+    for (uint64_t la = a & ~63ull; la < a + (req ? req : 1); la += 64)
+        _al_shadow_own(&r->line[AL_SHADOW_PAGE_INDEX(la)][(la >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)], tag);
+    return (old & AL_SHADOW_SEEN) != 0;
+}
+
+/* Retires the live object at p (before the allocator gets it back): false where p holds no
+ * live record (an object made before alloclens started, or outside its view). */
+static inline __attribute__((always_inline)) bool _al_shadow_object_end(struct al_shadow_region *r, uint64_t a,
+                                                                         struct al_shadow_object *o)
+{
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    uint8_t *b = &r->granule[g];
+    uint8_t v = b[0];
+    unsigned first = v >> 4;
+    if (!(v & AL_SHADOW_LIVE))
+        return false;
+    if (__builtin_expect(first >= 14 || g + 3 > AL_SHADOW_GRANULES, 0))
+        return _al_shadow_object_end_any(r, a, o);
+    o->requested = first < 12 ? first : first == 12 ? 12u + (b[1] >> 4) : 12u + ((b[1] >> 4) | (b[2] >> 4) << 4);
+    o->pages = 0;
+    o->odd = (v & AL_SHADOW_ODD) != 0;
+    __atomic_store_n(b, (uint8_t)(v & ~(AL_SHADOW_LIVE | AL_SHADOW_ODD | AL_SHADOW_SAMPLED)), __ATOMIC_RELAXED);
+    return true;
+}
+
 /* The live record at A, read (not retired); false where none. */
 bool _al_shadow_object_read(uint64_t a, struct al_shadow_object *o);
+
+/* Pages an object of N bytes at A covers. */
+static inline uint32_t _al_shadow_pages_of(uint64_t a, uint64_t n)
+{
+    uint64_t first = a >> AL_SHADOW_PAGE_SHIFT, last = (a + (n ? n : 1) - 1) >> AL_SHADOW_PAGE_SHIFT;
+    return (uint32_t)(last - first + 1);
+}
 
 /* ---- heap.c: the pages the allocator holds from the kernel --------------------------------- */
 
