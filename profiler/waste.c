@@ -33,7 +33,6 @@ static struct {
     _Atomic int lock;
     uint64_t next_rss;         /* the resident size that triggers the next snapshot */
     uint64_t taken;
-    int64_t (*scratch)[AL_SLOT_N];
     int64_t (*sums)[AL_CLS_N];
 } snap;
 
@@ -65,11 +64,10 @@ void _al_waste_init(const struct al_alloc_config *c)
     w->nslots = w->nclasses + 2;
     w->blowup = map_array(w->nslots * sizeof *w->blowup);
     w->exited = map_array(w->nslots * sizeof *w->exited);
-    snap.scratch = map_array(w->nslots * sizeof *snap.scratch);
     snap.sums = map_array(w->nslots * sizeof *snap.sums);
     w->peak.cls = map_array(w->nslots * sizeof *w->peak.cls);
     w->final.cls = map_array(w->nslots * sizeof *w->final.cls);
-    if (!w->blowup || !w->exited || !snap.scratch || !snap.sums || !w->peak.cls || !w->final.cls) {
+    if (!w->blowup || !w->exited || !snap.sums || !w->peak.cls || !w->final.cls) {
         snprintf(w->reason, sizeof w->reason, "out of memory for the waste tables");
         return;
     }
@@ -120,13 +118,17 @@ static size_t usable(void *p)
     return _al_waste.usable ? _al_waste.usable(p) : 0;
 }
 
-/* The class row of an object and what the row's class size leaves out. */
+/* The class row of an object, what the row's class size leaves out (EXTRA), and the bytes it
+ * holds for blowup: the same answer at its allocation and at its free. MAYBE_ODD: ask the
+ * allocator for its usable size; PAGES: what its record says (0: the pages it covers). */
 static uint32_t classify(void *p, uint64_t a, uint64_t req, unsigned large, bool maybe_odd, uint32_t pages,
                          bool *odd, int64_t *extra, int64_t *bytes)
 {
     *odd = false;
     *extra = 0;
     if (large) {
+        if (!pages)
+            pages = _al_shadow_pages_of(a, req);
         uint64_t span = (a & ~(uint64_t)4095) + (uint64_t)pages * 4096 - a;
         if (span < req)
             span = req;
@@ -204,25 +206,9 @@ unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *un
     if (!r || !t->cls || !_al_shadow_object_end(r, a, &o))
         return 0;
     unsigned large = o.requested >= _al_large_threshold;
-    uint32_t slot;
-    int64_t extra = 0, bytes;
-    if (large) {
-        uint32_t pages = o.pages ? o.pages : _al_shadow_pages_of(a, o.requested);
-        uint64_t span = (a & ~(uint64_t)4095) + (uint64_t)pages * 4096 - a;
-        extra = bytes = (int64_t)(span < o.requested ? o.requested : span);
-        slot = _al_waste.slot_large;
-    } else if (!_al_waste.has_table) {
-        uint64_t u = usable(p);
-        extra = bytes = (int64_t)(u > o.requested ? u : o.requested);
-        slot = _al_waste.slot_any;
-    } else {
-        slot = _al_class_index(&_al_waste.table, o.requested);
-        bytes = (int64_t)_al_waste.table.classes[slot];
-        if (o.odd) {
-            uint64_t u = usable(p);
-            extra = u ? (int64_t)u - bytes : 0;
-        }
-    }
+    bool odd;
+    int64_t extra, bytes;
+    uint32_t slot = classify(p, a, o.requested, large, o.odd, o.pages, &odd, &extra, &bytes);
     /* The footprint is looked at after a thread's allocations outgrow its frees by a step:
      * a thread that frees what it allocates never pays for the look. */
     t->snap_countdown += (int64_t)o.requested + 16;
@@ -328,13 +314,8 @@ AL_NOINLINE void _al_waste_check(struct al_thread *t)
                         ? _al_waste.peak.total + SNAP_STEP - total : SNAP_STEP;
     __atomic_store_n(&snap.next_rss, rss + (lack > SNAP_STEP / 16 ? lack : SNAP_STEP / 16), __ATOMIC_RELAXED);
     if (!_al_waste.peak.taken || total >= _al_waste.peak.total + SNAP_STEP) {
-        struct al_waste_snapshot s = { .cls = snap.scratch };
-        take(&s);
+        take(&_al_waste.peak); /* every snapshot the rule takes is the new peak */
         snap.taken++;
-        int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
-        memcpy(keep, s.cls, _al_waste.nslots * sizeof *keep);
-        _al_waste.peak = s;
-        _al_waste.peak.cls = keep;
     }
     atomic_store_explicit(&snap.lock, 0, memory_order_release);
 }
@@ -352,8 +333,8 @@ void _al_waste_final(void)
      * can miss (a step, plus what a thread allocates between two looks): otherwise the peak
      * is the snapshot taken when that footprint was reached. */
     if (!_al_waste.peak.taken || s.total > _al_waste.peak.total + SNAP_STEP + AL_SNAP_CHECK_BYTES) {
-        memcpy(_al_waste.peak.cls, s.cls, _al_waste.nslots * sizeof *s.cls);
         int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
+        memcpy(keep, s.cls, _al_waste.nslots * sizeof *keep);
         _al_waste.peak = s;
         _al_waste.peak.cls = keep;
     }
