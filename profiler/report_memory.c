@@ -1,5 +1,6 @@
 /* The memory section of the reports: the waste snapshot at the peak and the state at exit, in
  * bytes and as shares of the total, and the size classes that hold the most. */
+#include <stdio.h>
 #include <string.h>
 
 #include "profiler.h"
@@ -45,13 +46,14 @@ static unsigned top_rows(const struct al_waste_snapshot *s, uint32_t *rows)
     return n;
 }
 
-static void row_name(struct al_buf *b, uint32_t i, bool json)
+/* A row's name: its class size, "small" (every small object, without a class table) or
+ * "large". */
+static const char *row_name(uint32_t i, char *buf, size_t cap)
 {
-    if (i < _al_waste.nclasses)
-        _al_buf_printf(b, "%llu", (unsigned long long)_al_waste.table.classes[i]);
-    else
-        _al_buf_puts(b, json ? (i == _al_waste.slot_large ? "\"large\"" : "\"small\"")
-                             : (i == _al_waste.slot_large ? "large" : "small"));
+    if (i >= _al_waste.nclasses)
+        return i == _al_waste.slot_large ? "large" : "small";
+    snprintf(buf, cap, "%llu", (unsigned long long)_al_waste.table.classes[i]);
+    return buf;
 }
 
 static void snapshot_json(struct al_buf *b, const struct al_report *r, const char *key,
@@ -69,8 +71,10 @@ static void snapshot_json(struct al_buf *b, const struct al_report *r, const cha
     unsigned n = top_rows(s, rows);
     for (unsigned k = 0; k < n; k++) {
         const int64_t *c = s->cls[rows[k]];
-        _al_buf_puts(b, k ? ",\n        { \"size\": " : "\n        { \"size\": ");
-        row_name(b, rows[k], true);
+        char name[24];
+        const char *n = row_name(rows[k], name, sizeof name);
+        _al_buf_printf(b, rows[k] < _al_waste.nclasses ? "%s{ \"size\": %s" : "%s{ \"size\": \"%s\"",
+                       k ? ",\n        " : "\n        ", n);
         _al_buf_printf(b, ", \"live_objects\": %lld, \"live_requested_bytes\": %lld, "
                        "\"internal_fragmentation_bytes\": %lld, \"blowup_bytes\": %lld }",
                        (long long)c[AL_SLOT_OBJECTS], (long long)c[AL_SLOT_REQUESTED], (long long)c[AL_SLOT_INTERNAL],
@@ -138,12 +142,9 @@ void _al_report_memory_text(struct al_buf *b, const struct al_report *r)
         _al_buf_puts(b, "  class at peak     objects    live MiB  internal MiB  blowup MiB\n");
     for (unsigned k = 0; k < n; k++) {
         const int64_t *c = p->cls[rows[k]];
-        _al_buf_puts(b, "  ");
-        struct al_buf name = { 0 };
-        row_name(&name, rows[k], false);
-        _al_buf_printf(b, "%-12s %12lld %11.2f %13.2f %11.2f\n", name.data ? name.data : "?",
+        char name[24];
+        _al_buf_printf(b, "  %-12s %12lld %11.2f %13.2f %11.2f\n", row_name(rows[k], name, sizeof name),
                        (long long)c[AL_SLOT_OBJECTS], (double)c[AL_SLOT_REQUESTED] / 1048576.0,
                        (double)c[AL_SLOT_INTERNAL] / 1048576.0, (double)c[AL_SLOT_BLOWUP] / 1048576.0);
-        _al_buf_free(&name);
     }
 }
