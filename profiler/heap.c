@@ -8,8 +8,6 @@
  * heap. Residency is measured with mincore when a snapshot is taken.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -53,63 +51,29 @@ void _al_heap_syscall(long nr, const long *args, long ret)
     }
 }
 
-static uint64_t hex(const char **s)
-{
-    uint64_t v = 0;
-    for (;; (*s)++) {
-        char c = **s;
-        unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 16;
-        if (d == 16)
-            return v;
-        v = v << 4 | d;
-    }
-}
+struct containing {
+    uint64_t a, start, end;
+};
 
-/* The mapping holding A, from /proc/self/maps read a block at a time (no allocation). */
-static bool mapping_of(uint64_t a, uint64_t *start, uint64_t *end)
+static bool holds(const struct al_map *m, void *arg)
 {
-    static char buf[16384];
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    struct containing *c = arg;
+    if (c->a < m->lo || c->a >= m->hi)
         return false;
-    size_t have = 0;
-    bool found = false;
-    for (;;) {
-        ssize_t n = read(fd, buf + have, sizeof buf - 1 - have);
-        if (n <= 0)
-            break;
-        have += (size_t)n;
-        buf[have] = 0;
-        char *line = buf, *nl;
-        while ((nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
-            const char *s = line;
-            uint64_t lo = hex(&s);
-            s++;
-            uint64_t hi = hex(&s);
-            if (a >= lo && a < hi) {
-                *start = lo;
-                *end = hi;
-                found = true;
-                goto out;
-            }
-            line = nl + 1;
-        }
-        have -= (size_t)(line - buf);
-        memmove(buf, line, have);
-    }
-out:
-    close(fd);
-    return found;
+    c->start = m->lo;
+    c->end = m->hi;
+    return true;
 }
 
 AL_NOINLINE void _al_heap_discover(uint64_t a)
 {
-    uint64_t start, end;
     if (atomic_exchange_explicit(&discover_lock, 1, memory_order_acquire))
         return; /* another thread is reading the maps: this object's page is found next time */
     uint64_t page = a & ~(uint64_t)4095;
-    if (mapping_of(a, &start, &end)) {
-        _al_shadow_heap_set(start, end, true);
+    static char buf[16384]; /* under discover_lock */
+    struct containing c = { a, 0, 0 };
+    if (_al_maps_each(buf, sizeof buf, holds, &c)) {
+        _al_shadow_heap_set(c.start, c.end, true);
         atomic_fetch_add_explicit(&discovered, 1, memory_order_relaxed);
     } else {
         _al_shadow_heap_set(page, page + 4096, true);

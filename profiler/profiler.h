@@ -298,6 +298,18 @@ struct al_measure_totals {
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
                          struct al_measure_totals *extra);
 
+/* ---- maps.c: the process's mappings -------------------------------------------------------- */
+
+struct al_map {
+    uint64_t lo, hi, offset;
+    char perms[5];
+    const char *path; /* "" for anonymous mappings; valid during the callback */
+};
+
+/* Calls FN for each mapping, in address order, until it returns true; returns whether it did.
+ * BUF (CAP bytes, a few KiB: more than the longest line) is where the lines are read. */
+bool _al_maps_each(char *buf, size_t cap, bool (*fn)(const struct al_map *m, void *arg), void *arg);
+
 /* ---- heap.c: the allocator's heap ranges and their residency ------------------------------- */
 
 void _al_heap_init(void);

@@ -248,31 +248,23 @@ struct maps {
     char names[256][256];
     char ids[256][48];
     uint32_t n;
+    char buf[16384];
 };
 
 /* The executable file mappings of the process, for pprof's mapping table. */
-static void read_maps(struct maps *mp)
+static bool add_mapping(const struct al_map *map, void *arg)
 {
-    FILE *f = fopen("/proc/self/maps", "re");
-    if (!f)
-        return;
-    char line[1024];
-    while (mp->n < 256 && fgets(line, sizeof line, f)) {
-        unsigned long lo, hi, off;
-        char perms[8], path[512] = "";
-        if (sscanf(line, "%lx-%lx %7s %lx %*s %*s %511s", &lo, &hi, perms, &off, path) < 4 || perms[2] != 'x' ||
-            path[0] != '/')
-            continue;
-        struct al_pprof_mapping *m = &mp->m[mp->n];
-        snprintf(mp->names[mp->n], sizeof mp->names[0], "%s", path);
-        m->start = lo;
-        m->limit = hi;
-        m->offset = off;
-        m->file = mp->names[mp->n];
-        m->build_id = _al_build_id(path, mp->ids[mp->n], sizeof mp->ids[0]) == 0 ? mp->ids[mp->n] : NULL;
-        mp->n++;
-    }
-    fclose(f);
+    struct maps *mp = arg;
+    if (map->perms[2] != 'x' || map->path[0] != '/')
+        return false;
+    struct al_pprof_mapping *m = &mp->m[mp->n];
+    snprintf(mp->names[mp->n], sizeof mp->names[0], "%s", map->path);
+    m->start = map->lo;
+    m->limit = map->hi;
+    m->offset = map->offset;
+    m->file = mp->names[mp->n];
+    m->build_id = _al_build_id(m->file, mp->ids[mp->n], sizeof mp->ids[0]) == 0 ? mp->ids[mp->n] : NULL;
+    return ++mp->n == 256;
 }
 
 void _al_report_pprof(const char *path, uint64_t runtime_ns)
@@ -291,7 +283,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         _al_log("out of memory writing the pprof profile %s", path);
         return;
     }
-    read_maps(mp);
+    _al_maps_each(mp->buf, sizeof mp->buf, add_mapping, mp);
     _al_sampler_lock();
     size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {

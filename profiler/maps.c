@@ -1,0 +1,70 @@
+/* The process's mappings, from /proc/self/maps, read a block at a time into the caller's buffer:
+ * no stdio, no allocation, so the heap code may call it from inside an allocator call. */
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "profiler.h"
+
+static uint64_t hex(const char **s)
+{
+    uint64_t v = 0;
+    for (;; (*s)++) {
+        char c = **s;
+        unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 16;
+        if (d == 16)
+            return v;
+        v = v << 4 | d;
+    }
+}
+
+static const char *field(const char *s)
+{
+    while (*s && *s != ' ')
+        s++;
+    while (*s == ' ')
+        s++;
+    return s;
+}
+
+/* "lo-hi perms offset dev inode   path" */
+static void parse(char *line, struct al_map *m)
+{
+    const char *s = line;
+    m->lo = hex(&s);
+    s++;
+    m->hi = hex(&s);
+    s = field(s);
+    memcpy(m->perms, s, 4);
+    m->perms[4] = '\0';
+    s = field(s);
+    m->offset = hex(&s);
+    s = field(field(field(s)));
+    m->path = s;
+}
+
+bool _al_maps_each(char *buf, size_t cap, bool (*fn)(const struct al_map *m, void *arg), void *arg)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    bool stopped = false;
+    size_t have = 0;
+    while (fd >= 0 && !stopped) {
+        ssize_t n = read(fd, buf + have, cap - 1 - have);
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+        char *line = buf, *nl;
+        while (!stopped && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+            struct al_map m;
+            *nl = '\0';
+            parse(line, &m);
+            stopped = fn(&m, arg);
+            line = nl + 1;
+        }
+        have -= (size_t)(line - buf);
+        memmove(buf, line, have);
+    }
+    if (fd >= 0)
+        close(fd);
+    return stopped;
+}
