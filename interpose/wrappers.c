@@ -107,10 +107,7 @@
             _al_count_free(t, AL_OP_##op);                                             \
             return;                                                                    \
         }                                                                              \
-        unsigned flags = p ? _al_shadow_flags(p) : 0;                                  \
-        if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                    \
-            _al_sample_free(p);                                                        \
-        unsigned large = (flags & AL_SHADOW_LIVE) ? _al_waste_retire(t, p, NULL) & 1 : 0; \
+        unsigned large = p ? _al_waste_free(t, p) : 0;                                 \
         bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
         _al_real.sym args;                                                             \

@@ -506,6 +506,55 @@ AL_INLINE void _al_sample_countdown(struct al_thread *t, size_t size, void *p)
         _al_sample_alloc(t, size, p);
 }
 
+/* A free gives its bytes to its thread's credit, passed on to the global count in batches. */
+AL_INLINE void _al_waste_raise_blowup(int64_t *row, uint32_t slot, int64_t bytes)
+{
+    int64_t credit = AL_READ(row[AL_CLS_CREDIT]) + bytes;
+    if (AL_UNLIKELY(credit > AL_CREDIT_FLUSH)) {
+        atomic_fetch_add_explicit(&_al_waste.blowup[slot], credit, memory_order_relaxed);
+        credit = 0;
+    }
+    __atomic_store_n(&row[AL_CLS_CREDIT], credit, __ATOMIC_RELAXED);
+}
+
+/* The footprint is looked at after a thread's allocations outgrow its frees by a step: a
+ * thread that frees what it allocates never pays for the look. */
+AL_INLINE void _al_waste_countback(struct al_thread *t, uint64_t req)
+{
+    t->snap_countdown += (int64_t)req + 16;
+    if (t->snap_countdown > AL_SNAP_CHECK_BYTES)
+        t->snap_countdown = AL_SNAP_CHECK_BYTES;
+}
+
+/* The object at p is about to be freed: its record retired, its class row and blowup counted
+ * (sampled objects forgotten by the sampler first). Returns whether it was a large object.
+ * The common case inline: an object under a page whose class the table tells. */
+AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region(a);
+    if (AL_UNLIKELY(r == NULL))
+        return 0;
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    uint8_t *b = &r->granule[g];
+    uint8_t v = __atomic_load_n(b, __ATOMIC_RELAXED);
+    if (AL_UNLIKELY(v & AL_SHADOW_SAMPLED))
+        _al_sample_free(p);
+    if (!(v & AL_SHADOW_LIVE))
+        return 0;
+    uint64_t req = _al_shadow_record_inline(b, v, g);
+    if (AL_UNLIKELY((req >= _al_large_threshold) | (v & AL_SHADOW_ODD) | !_al_waste.has_table | !t->cls))
+        return _al_waste_retire(t, p, NULL) & 1;
+    __atomic_store_n(b, (uint8_t)(v & ~(AL_SHADOW_LIVE | AL_SHADOW_SAMPLED)), __ATOMIC_RELAXED);
+    uint32_t slot = _al_class_index(&_al_waste.table, req);
+    int64_t *row = t->cls[slot];
+    _al_waste_countback(t, req);
+    AL_BUMP(row[AL_CLS_OBJECTS], -1);
+    AL_BUMP(row[AL_CLS_REQUESTED], -(int64_t)req);
+    _al_waste_raise_blowup(row, slot, (int64_t)_al_waste.table.classes[slot]);
+    return 0;
+}
+
 /* A call that returned address p (NULL: failed) for a request of size bytes, of the size class
  * LARGE (the caller decided it once, before the call). Only malloc, calloc and new are sure to
  * get the class the size table says: the others may get a bigger one. */

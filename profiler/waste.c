@@ -156,17 +156,6 @@ static uint32_t classify(void *p, uint64_t a, uint64_t req, unsigned large, bool
     return slot;
 }
 
-/* A free gives its bytes to its thread's credit, passed on to the global count in batches. */
-static void raise_blowup(int64_t *row, uint32_t slot, int64_t bytes)
-{
-    int64_t credit = AL_READ(row[AL_CLS_CREDIT]) + bytes;
-    if (credit > AL_CREDIT_FLUSH) {
-        atomic_fetch_add_explicit(&_al_waste.blowup[slot], credit, memory_order_relaxed);
-        credit = 0;
-    }
-    __atomic_store_n(&row[AL_CLS_CREDIT], credit, __ATOMIC_RELAXED);
-}
-
 AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
                                           unsigned large, bool maybe_odd)
 {
@@ -209,15 +198,11 @@ unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *un
     bool odd;
     int64_t extra, bytes;
     uint32_t slot = classify(p, a, o.requested, large, o.odd, o.pages, &odd, &extra, &bytes);
-    /* The footprint is looked at after a thread's allocations outgrow its frees by a step:
-     * a thread that frees what it allocates never pays for the look. */
-    t->snap_countdown += (int64_t)o.requested + 16;
-    if (t->snap_countdown > AL_SNAP_CHECK_BYTES)
-        t->snap_countdown = AL_SNAP_CHECK_BYTES;
+    _al_waste_countback(t, o.requested);
     AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], -1);
     AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], -(int64_t)o.requested);
     AL_BUMP(t->cls[slot][AL_CLS_EXTRA], -extra);
-    raise_blowup(t->cls[slot], slot, bytes);
+    _al_waste_raise_blowup(t->cls[slot], slot, bytes);
     if (undo) {
         undo->requested = o.requested;
         undo->slot = slot;

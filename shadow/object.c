@@ -171,8 +171,7 @@ bool _al_shadow_object_new_any(struct al_shadow_region *r, uint64_t a, uint64_t 
                      __ATOMIC_RELAXED);
     if (req >= AL_SHADOW_BIG)
         _al_shadow_use_big(a, req, 1);
-    else
-        _al_shadow_own_lines(r, a, req, tag);
+    _al_shadow_own(r, a, req, tag);
     return (old & AL_SHADOW_SEEN) != 0;
 }
 

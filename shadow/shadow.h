@@ -5,8 +5,9 @@
  * flat reservation over the whole address space would cost nothing in memory but a GiB of
  * address space, and programs run under `ulimit -v` would feel it. Each entry points to a
  * region record made on first use from mmap, which holds level 2 (256 page entries: bytes in
- * use on the page) and level 3 (64 cache-line entries per page: bytes in use on the line and
- * which threads own objects on it; see usage.c for what is kept and what is summed on read). The kernel backs a region record's pages only as they are
+ * use on the page, and which threads own objects on it) and level 3 (64 cache-line entries per
+ * page: bytes in use on the line and which threads own objects on it; see usage.c for what is
+ * kept and what is summed on read). The kernel backs a region record's pages only as they are
  * written, so an entry costs memory in proportion to the heap it describes.
  *
  * The region record also holds, per 8-byte granule (the smallest alignment any allocator hands
@@ -40,9 +41,9 @@
 #define AL_SHADOW_LINES (1u << (AL_SHADOW_PAGE_SHIFT - AL_SHADOW_LINE_SHIFT))
 #define AL_SHADOW_GRANULES (1u << (AL_SHADOW_REGION_SHIFT - AL_SHADOW_GRANULE_SHIFT))
 
-/* A line entry: the tag of the first thread owning an object on the line in bits 7-14 (0:
- * none), bit 15 set once a second thread owns one too; as read, bytes in use (0..64) in bits
- * 0-6. */
+/* A line entry (and a page's owners): the tag of the first thread owning an object on the line
+ * in bits 7-14 (0: none), bit 15 set once a second thread owns one too; as read, bytes in use
+ * (0..64) in bits 0-6. */
 #define AL_LINE_USED_MASK 0x7fu
 #define AL_LINE_OWNER_SHIFT 7
 #define AL_LINE_OWNER_MASK (0xffu << AL_LINE_OWNER_SHIFT)
@@ -52,6 +53,7 @@ struct al_shadow_region {
     uint64_t base;                                  /* the first address described, | 1 */
     _Atomic uint32_t page_used[AL_SHADOW_PAGES];    /* level 2 */
     _Atomic uint32_t page_span[AL_SHADOW_PAGES];    /* most pages an object from here covered */
+    _Atomic uint16_t page_owner[AL_SHADOW_PAGES];   /* owners, as a line entry (usage.c) */
     _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3 */
     uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4 */
 };
@@ -127,19 +129,25 @@ void _al_shadow_set_sampled(const void *p, bool sampled);
 
 #define AL_SHADOW_COLD __attribute__((cold, noinline))
 
-void _al_shadow_own_slow(_Atomic uint16_t *l, unsigned tag);
+void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
 
-/* Records that the thread with tag TAG owns an object on line L (a load, a write only when the
- * owners change). */
-static inline __attribute__((always_inline)) void _al_shadow_own(_Atomic uint16_t *l, unsigned tag)
+/* Records that the thread with tag TAG (1..255) owns the object of N bytes at A, in A's region
+ * R. A page only that thread has put objects on stands for its lines, so the common case is
+ * the load of one or two page entries and no write; line entries are kept once a second
+ * thread comes to the page. */
+static inline __attribute__((always_inline)) void _al_shadow_own(struct al_shadow_region *r, uint64_t a, uint64_t n,
+                                                                  unsigned tag)
 {
-    uint16_t v = atomic_load_explicit(l, memory_order_relaxed);
-    if (__builtin_expect(((v & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT) == tag || (v & AL_LINE_SHARED), 1))
+    uint64_t last = a + (n ? n - 1 : 0);
+    uint16_t mine = (uint16_t)(tag << AL_LINE_OWNER_SHIFT);
+    if (__builtin_expect((last >> AL_SHADOW_REGION_SHIFT) == (a >> AL_SHADOW_REGION_SHIFT) &&
+                             atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed) == mine &&
+                             atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(last)], memory_order_relaxed) == mine,
+                         1))
         return;
-    _al_shadow_own_slow(l, tag);
+    _al_shadow_own_slow(r, a, n, tag);
 }
 
-void _al_shadow_own_lines(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
 /* Adds (or, with SIGN -1, removes) the N bytes of an object of AL_SHADOW_BIG or more at A to
  * the page entries. */
 void _al_shadow_use_big(uint64_t a, uint64_t n, int sign);
@@ -172,8 +180,8 @@ bool _al_shadow_object_new_any(struct al_shadow_region *r, uint64_t a, uint64_t 
                                uint32_t *pages);
 bool _al_shadow_object_end_any(struct al_shadow_region *r, uint64_t a, struct al_shadow_object *o);
 
-/* Objects under this many bytes have records of at most 3 nibbles, read and written inline. */
-#define AL_SHADOW_SHORT 268u
+/* Objects under a page have records of at most 5 nibbles, read and written inline. */
+#define AL_SHADOW_INLINE_NIBBLES 5u
 
 /* Records a live object of REQ bytes at p allocated by the thread with tag TAG (1..255), and
  * the bytes it uses in the page and line entries. Returns whether an earlier allocation had
@@ -183,23 +191,49 @@ static inline __attribute__((always_inline)) bool _al_shadow_object_new(struct a
                                                                          uint64_t req, bool odd, unsigned tag,
                                                                          uint32_t *pages)
 {
-    uint64_t off = a & ((1u << AL_SHADOW_REGION_SHIFT) - 1);
-    if (__builtin_expect(req >= AL_SHADOW_SHORT || off + req + 24 > (1u << AL_SHADOW_REGION_SHIFT), 0))
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    if (__builtin_expect(req >= AL_SHADOW_BIG || g + AL_SHADOW_INLINE_NIBBLES > AL_SHADOW_GRANULES, 0))
         return _al_shadow_object_new_any(r, a, req, odd, tag, pages);
-    uint8_t *b = &r->granule[off >> AL_SHADOW_GRANULE_SHIFT];
+    uint8_t *b = &r->granule[g];
     uint8_t old = b[0];
-    unsigned first = req < 12 ? (unsigned)req : req < 28 ? 12u : 13u;
+    unsigned first = req < 12 ? (unsigned)req : req < 28 ? 12u : req < 268 ? 13u : 14u;
+    uint64_t v = req - 12;
+    /* The size's nibbles after the first: 1, 2 or 4 of them (see object.c). */
     if (req >= 12) {
-        b[1] = (uint8_t)((b[1] & 0xf) | ((req - 12) & 0xf) << 4);
-        if (req >= 28)
-            b[2] = (uint8_t)((b[2] & 0xf) | (((req - 12) >> 4) & 0xf) << 4);
+        b[1] = (uint8_t)((b[1] & 0xf) | (v & 0xf) << 4);
+        if (req >= 28) {
+            b[2] = (uint8_t)((b[2] & 0xf) | ((v >> 4) & 0xf) << 4);
+            if (req >= 268) {
+                b[3] = (uint8_t)((b[3] & 0xf) | ((v >> 8) & 0xf) << 4);
+                b[4] = (uint8_t)((b[4] & 0xf) | ((v >> 12) & 0xf) << 4);
+            }
+        }
     }
     __atomic_store_n(b, (uint8_t)(first << 4 | AL_SHADOW_SEEN | AL_SHADOW_LIVE | (odd ? AL_SHADOW_ODD : 0)),
                      __ATOMIC_RELAXED);
     *pages = 0;
-    for (uint64_t la = a & ~63ull; la < a + (req ? req : 1); la += 64)
-        _al_shadow_own(&r->line[AL_SHADOW_PAGE_INDEX(la)][(la >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)], tag);
+    _al_shadow_own(r, a, req, tag);
     return (old & AL_SHADOW_SEEN) != 0;
+}
+
+/* The requested size in the inline record whose first granule byte is V, at B; UINT64_MAX
+ * where the record is not an inline one (a big object's, or too near the end of the region). */
+static inline __attribute__((always_inline)) uint64_t _al_shadow_record_inline(const uint8_t *b, uint8_t v, uint64_t g)
+{
+    unsigned first = v >> 4;
+    if (__builtin_expect(first == 15 || g + AL_SHADOW_INLINE_NIBBLES > AL_SHADOW_GRANULES, 0))
+        return UINT64_MAX;
+    if (first < 12)
+        return first;
+    uint64_t req = 12u + (b[1] >> 4);
+    if (first >= 13)
+        req += (uint64_t)(b[2] >> 4) << 4;
+    if (first == 14) {
+        req += (uint64_t)(b[3] >> 4) << 8 | (uint64_t)(b[4] >> 4) << 12;
+        if (req >= AL_SHADOW_BIG)
+            return UINT64_MAX;
+    }
+    return req;
 }
 
 /* Retires the live object at p (before the allocator gets it back): false where p holds no
@@ -210,12 +244,12 @@ static inline __attribute__((always_inline)) bool _al_shadow_object_end(struct a
     uint64_t g = AL_SHADOW_GRANULE(a);
     uint8_t *b = &r->granule[g];
     uint8_t v = b[0];
-    unsigned first = v >> 4;
     if (!(v & AL_SHADOW_LIVE))
         return false;
-    if (__builtin_expect(first >= 14 || g + 3 > AL_SHADOW_GRANULES, 0))
+    uint64_t req = _al_shadow_record_inline(b, v, g);
+    if (__builtin_expect(req == UINT64_MAX, 0))
         return _al_shadow_object_end_any(r, a, o);
-    o->requested = first < 12 ? first : first == 12 ? 12u + (b[1] >> 4) : 12u + ((b[1] >> 4) | (b[2] >> 4) << 4);
+    o->requested = req;
     o->pages = 0;
     o->odd = (v & AL_SHADOW_ODD) != 0;
     __atomic_store_n(b, (uint8_t)(v & ~(AL_SHADOW_LIVE | AL_SHADOW_ODD | AL_SHADOW_SAMPLED)), __ATOMIC_RELAXED);

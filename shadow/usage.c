@@ -1,17 +1,22 @@
 /* Levels 2 and 3: bytes in use on each page and each cache line, and which threads own objects
- * on a line.
+ * on a page and on a line.
  *
  * Objects of a page or more count in the page entries as they are made and freed: the pages
  * they cover whole are theirs alone (a plain store), only the two at their ends take an atomic.
  * Smaller objects would cost an atomic on every call (another thread's object may share the
  * page or line), which is most of what a call costs: their bytes are summed from the object
  * records when a page or line is read instead (reads are rare: snapshots, sampled accesses).
- * A line entry keeps its owners: the first thread to put an object there, and a bit once a
- * second one does; an allocation writes it only when that changes.
+ *
+ * Owners, of a page and of a line: the first thread to put an object there, and a bit once a
+ * second one does; an allocation writes them only when that changes. Most pages only ever hold
+ * one thread's objects (allocators hand each thread its own runs of pages), and their owner
+ * stands for every line on them: line entries are written once a second thread comes to the
+ * page, starting with the first owner's lines found from the records then. A thread that puts
+ * an object on such a page at the very moment another one comes can have that one line missed.
  */
 #include "shadow.h"
 
-AL_SHADOW_COLD void _al_shadow_own_slow(_Atomic uint16_t *l, unsigned tag)
+static void own_line(_Atomic uint16_t *l, unsigned tag)
 {
     uint16_t cur = atomic_load_explicit(l, memory_order_relaxed);
     for (;;) {
@@ -24,16 +29,80 @@ AL_SHADOW_COLD void _al_shadow_own_slow(_Atomic uint16_t *l, unsigned tag)
     }
 }
 
-void _al_shadow_own_lines(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag)
+static _Atomic uint16_t *line_of(struct al_shadow_region *r, uint64_t a)
+{
+    return &r->line[AL_SHADOW_PAGE_INDEX(a)][(a >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)];
+}
+
+/* The lines of [lo, hi), all within R's region. */
+static void own_lines(struct al_shadow_region *r, uint64_t lo, uint64_t hi, unsigned tag)
+{
+    for (uint64_t la = lo & ~63ull; la < hi; la += 64)
+        own_line(line_of(r, la), tag);
+}
+
+/* The page at PAGE, so far OWNER's alone, is about to get a second owner: OWNER's lines on it
+ * are written out. They are those an object was ever put on (a seen granule) and those a live
+ * object reaches (records from a page back: no object under a page is longer; a big object
+ * writes its last line itself). SKIP is the new owner's object, recorded already. */
+static void spill_owner(uint64_t page, unsigned owner, uint64_t skip)
+{
+    uint64_t from = page > AL_SHADOW_PAGE_SIZE ? page - AL_SHADOW_PAGE_SIZE + 8 : 0;
+    uint64_t end = page + AL_SHADOW_PAGE_SIZE;
+    struct al_shadow_region *r = NULL, *pr = _al_shadow_region(page);
+    for (uint64_t g = from; g < end; g += 8) {
+        if (!r || (g & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0 || g == from)
+            r = _al_shadow_region(g);
+        if (!r || !pr || g == skip)
+            continue;
+        uint8_t b = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(g)], __ATOMIC_RELAXED);
+        if (g >= page && (b & AL_SHADOW_SEEN))
+            own_line(line_of(pr, g), owner);
+        struct al_shadow_object o;
+        if (!(b & AL_SHADOW_LIVE) || !_al_shadow_object_read(g, &o))
+            continue;
+        uint64_t lo = g > page ? g : page, hi = g + (o.requested ? o.requested : 1);
+        if (hi > end)
+            hi = end;
+        if (hi > lo)
+            own_lines(pr, lo, hi, owner);
+    }
+}
+
+AL_SHADOW_COLD void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag)
 {
     uint64_t end = a + (n ? n : 1);
-    for (uint64_t la = a & ~63ull; la < end; la += 64) {
-        if ((la & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0 && la != (a & ~63ull))
-            r = _al_shadow_region_get(la);
+    uint16_t mine = (uint16_t)(tag << AL_LINE_OWNER_SHIFT);
+    for (uint64_t page = a & ~(uint64_t)(AL_SHADOW_PAGE_SIZE - 1); page < end; page += AL_SHADOW_PAGE_SIZE) {
+        if (page > a && (page & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0)
+            r = _al_shadow_region_get(page);
         if (!r)
             return;
-        _al_shadow_own(&r->line[AL_SHADOW_PAGE_INDEX(la)][(la >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)], tag);
+        _Atomic uint16_t *po = &r->page_owner[AL_SHADOW_PAGE_INDEX(page)];
+        uint16_t v = atomic_load_explicit(po, memory_order_relaxed);
+        bool lines = false;
+        while (v != mine) {
+            if (v & AL_LINE_SHARED) {
+                lines = true;
+                break;
+            }
+            if (v != 0)
+                spill_owner(page, (v & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT, a);
+            uint16_t want = v == 0 ? mine : (uint16_t)(v | AL_LINE_SHARED);
+            if (atomic_compare_exchange_weak_explicit(po, &v, want, memory_order_relaxed, memory_order_relaxed)) {
+                lines = v != 0;
+                break;
+            }
+        }
+        if (lines) {
+            uint64_t lo = page > a ? page : a, hi = page + AL_SHADOW_PAGE_SIZE < end ? page + AL_SHADOW_PAGE_SIZE : end;
+            own_lines(r, lo, hi, tag);
+        }
     }
+    /* A big object's last line: the page it ends on may later be shared, and its record lies
+     * further back than a page. */
+    if (n >= AL_SHADOW_BIG && (r = _al_shadow_region_get(end - 1)) != NULL)
+        own_line(line_of(r, end - 1), tag);
 }
 
 void _al_shadow_use_big(uint64_t a, uint64_t n, int sign)
@@ -99,8 +168,16 @@ uint16_t _al_shadow_line(const void *p)
     struct al_shadow_region *r = _al_shadow_region(a);
     if (!r)
         return 0;
-    uint16_t owners = atomic_load_explicit(&r->line[AL_SHADOW_PAGE_INDEX(a)][(a >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)],
-                                           memory_order_relaxed);
+    uint16_t owners = atomic_load_explicit(line_of(r, a), memory_order_relaxed);
     uint32_t used = small_bytes(line, line + 64);
+    /* A page with one owner stands for its lines where an object is or was. */
+    uint16_t page = atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed);
+    if (!(page & AL_LINE_SHARED) && !(owners & AL_LINE_OWNER_MASK)) {
+        bool seen = used || atomic_load_explicit(&r->page_used[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed);
+        for (uint64_t g = line; g < line + 64 && !seen; g += 8)
+            seen = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(g)], __ATOMIC_RELAXED) & AL_SHADOW_SEEN;
+        if (seen)
+            owners = page;
+    }
     return (uint16_t)((owners & ~AL_LINE_USED_MASK) | (used > 64 ? 64 : used));
 }
