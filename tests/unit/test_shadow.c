@@ -95,6 +95,72 @@ START_TEST(records_in_the_table)
 }
 END_TEST
 
+START_TEST(every_size_through_the_table)
+{
+    /* Inline records (under a page), the general ones (a page and more), and records near the
+     * end of a region, each read back by a free and by a plain read. */
+    static const uint64_t at[] = { 0x7f0001100000ull, 0x7f00011fff00ull };
+    struct al_shadow_object o;
+    for (unsigned k = 0; k < 2; k++)
+        for (uint64_t req = 0; req <= 8200; req++) {
+            char *p = (char *)(uintptr_t)at[k];
+            mark(p, req);
+            ck_assert(_al_shadow_object_read((uint64_t)(uintptr_t)p, &o));
+            ck_assert_uint_eq(o.requested, req);
+            ck_assert(retire(p, &o));
+            ck_assert_uint_eq(o.requested, req);
+        }
+}
+END_TEST
+
+static uint16_t owner(uint16_t line)
+{
+    return (line & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT;
+}
+
+static void mark_by(uint64_t a, uint64_t req, unsigned tag)
+{
+    uint32_t pages;
+    _al_shadow_object_new(_al_shadow_region_get(a), a, req, false, tag, &pages);
+}
+
+START_TEST(page_owners_stand_for_their_lines)
+{
+    uint64_t page = 0x7f0001400000ull;
+    struct al_shadow_object o;
+    /* One thread's page: its lines with an object (live or freed) are that thread's. */
+    mark_by(page, 40, 3);
+    mark_by(page + 256, 40, 3);
+    mark_by(page + 512, 16, 3);
+    ck_assert(retire((void *)(uintptr_t)(page + 512), &o));
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)page)), 3);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 256))), 3);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 512))), 3);
+    ck_assert_uint_eq(_al_shadow_line((void *)(uintptr_t)(page + 128)), 0); /* never used */
+    ck_assert(!(_al_shadow_line((void *)(uintptr_t)page) & AL_LINE_SHARED));
+    /* A second thread comes: the first one's lines are written out, the new one's added. */
+    mark_by(page + 64, 16, 4);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)page)), 3);
+    ck_assert(!(_al_shadow_line((void *)(uintptr_t)page) & AL_LINE_SHARED));
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 64))), 4);
+    ck_assert(!(_al_shadow_line((void *)(uintptr_t)(page + 64)) & AL_LINE_SHARED));
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 256))), 3);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 512))), 3);
+    ck_assert_uint_eq(_al_shadow_line((void *)(uintptr_t)(page + 128)), 0);
+    /* Two threads on one line. */
+    mark_by(page + 40, 8, 4);
+    ck_assert(_al_shadow_line((void *)(uintptr_t)page) & AL_LINE_SHARED);
+    /* A big object's last line, on a page it reaches from far back, is its thread's too. */
+    uint64_t big = 0x7f0001500000ull + 100, end = big + 3 * 4096;
+    mark_by(big, 3 * 4096, 5);
+    mark_by(end, 16, 6);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(end - 1))), 5);
+    ck_assert(_al_shadow_line((void *)(uintptr_t)end) & AL_LINE_SHARED);
+    /* The pages a big object covers whole are its thread's. */
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(big + 4096))), 5);
+}
+END_TEST
+
 START_TEST(big_objects_keep_their_most_pages)
 {
     char *p = (char *)(uintptr_t)0x7f0000e00010ull; /* 16 bytes into a page */
@@ -262,6 +328,8 @@ int main(void)
     tcase_add_test(tc, big_objects_keep_their_most_pages);
     tcase_add_test(tc, objects_straddling_regions);
     tcase_add_test(tc, pages_and_lines);
+    tcase_add_test(tc, every_size_through_the_table);
+    tcase_add_test(tc, page_owners_stand_for_their_lines);
     tcase_add_test(tc, heap_pages);
     tcase_add_test(tc, region_boundaries);
     tcase_add_test(tc, beyond_the_table);
