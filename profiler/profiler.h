@@ -371,6 +371,9 @@ unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, u
 /* Retires the object at p before the allocator gets it back: 0 where it had no record, else
  * 2 | large. UNDO (may be NULL) keeps what realloc needs to put it back if it fails. */
 unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *undo);
+/* The accounting half of a retire, for the object O whose record was just ended at p. */
+unsigned _al_waste_count_free(struct al_thread *t, void *p, const struct al_shadow_object *o,
+                              struct al_waste_undo *undo);
 void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo *u);
 void _al_waste_check(struct al_thread *t);
 void _al_waste_final(void);
@@ -528,29 +531,26 @@ AL_INLINE void _al_waste_countback(struct al_thread *t, uint64_t req)
 
 /* The object at p is about to be freed: its record retired, its class row and blowup counted
  * (sampled objects forgotten by the sampler first). Returns whether it was a large object.
- * The common case inline: an object under a page whose class the table tells. */
+ * The common case, an object whose class the table tells, is counted without a call. */
 AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region(a);
     if (AL_UNLIKELY(r == NULL))
         return 0;
-    uint64_t g = AL_SHADOW_GRANULE(a);
-    uint8_t *b = &r->granule[g];
-    uint8_t v = __atomic_load_n(b, __ATOMIC_RELAXED);
-    if (AL_UNLIKELY(v & AL_SHADOW_SAMPLED))
+    unsigned flags = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED);
+    if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))
         _al_sample_free(p);
-    if (!(v & AL_SHADOW_LIVE))
+    struct al_shadow_object o;
+    if (!(flags & AL_SHADOW_LIVE) || AL_UNLIKELY(!t->cls) || !_al_shadow_object_end(r, a, &o))
         return 0;
-    uint64_t req = _al_shadow_record_inline(b, v, g);
-    if (AL_UNLIKELY((req >= _al_large_threshold) | (v & AL_SHADOW_ODD) | !_al_waste.has_table | !t->cls))
-        return _al_waste_retire(t, p, NULL) & 1;
-    __atomic_store_n(b, (uint8_t)(v & ~(AL_SHADOW_LIVE | AL_SHADOW_SAMPLED)), __ATOMIC_RELAXED);
-    uint32_t slot = _al_class_index(&_al_waste.table, req);
+    if (AL_UNLIKELY((o.requested >= _al_large_threshold) | o.odd | !_al_waste.has_table))
+        return _al_waste_count_free(t, p, &o, NULL) & 1;
+    uint32_t slot = _al_class_index(&_al_waste.table, o.requested);
     int64_t *row = t->cls[slot];
-    _al_waste_countback(t, req);
+    _al_waste_countback(t, o.requested);
     AL_BUMP(row[AL_CLS_OBJECTS], -1);
-    AL_BUMP(row[AL_CLS_REQUESTED], -(int64_t)req);
+    AL_BUMP(row[AL_CLS_REQUESTED], -(int64_t)o.requested);
     _al_waste_raise_blowup(row, slot, (int64_t)_al_waste.table.classes[slot]);
     return 0;
 }

@@ -187,6 +187,29 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
     return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
 }
 
+AL_NOINLINE unsigned _al_waste_count_free(struct al_thread *t, void *p, const struct al_shadow_object *o,
+                                          struct al_waste_undo *undo)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    unsigned large = o->requested >= _al_large_threshold;
+    bool odd;
+    int64_t extra, bytes;
+    uint32_t slot = classify(p, a, o->requested, large, o->odd, o->pages, &odd, &extra, &bytes);
+    _al_waste_countback(t, o->requested);
+    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], -1);
+    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], -(int64_t)o->requested);
+    AL_BUMP(t->cls[slot][AL_CLS_EXTRA], -extra);
+    _al_waste_raise_blowup(t->cls[slot], slot, bytes);
+    if (undo) {
+        undo->requested = o->requested;
+        undo->slot = slot;
+        undo->extra = extra;
+        undo->bytes = bytes;
+        undo->odd = o->odd;
+    }
+    return large | 2u;
+}
+
 unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *undo)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
@@ -194,23 +217,7 @@ unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *un
     struct al_shadow_object o;
     if (!r || !t->cls || !_al_shadow_object_end(r, a, &o))
         return 0;
-    unsigned large = o.requested >= _al_large_threshold;
-    bool odd;
-    int64_t extra, bytes;
-    uint32_t slot = classify(p, a, o.requested, large, o.odd, o.pages, &odd, &extra, &bytes);
-    _al_waste_countback(t, o.requested);
-    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], -1);
-    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], -(int64_t)o.requested);
-    AL_BUMP(t->cls[slot][AL_CLS_EXTRA], -extra);
-    _al_waste_raise_blowup(t->cls[slot], slot, bytes);
-    if (undo) {
-        undo->requested = o.requested;
-        undo->slot = slot;
-        undo->extra = extra;
-        undo->bytes = bytes;
-        undo->odd = o.odd;
-    }
-    return large | 2u;
+    return _al_waste_count_free(t, p, &o, undo);
 }
 
 void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo *u)
