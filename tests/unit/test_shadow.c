@@ -156,8 +156,15 @@ START_TEST(page_owners_stand_for_their_lines)
     mark_by(end, 16, 6);
     ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(end - 1))), 5);
     ck_assert(_al_shadow_line((void *)(uintptr_t)end) & AL_LINE_SHARED);
-    /* The pages a big object covers whole are its thread's. */
+    /* The pages a big object covers whole are its thread's, also where the pages at its two
+     * ends were its thread's already. */
     ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(big + 4096))), 5);
+    uint64_t span = 0x7f0001600000ull;
+    mark_by(span, 16, 7);
+    mark_by(span + 3 * 4096, 16, 7);
+    mark_by(span + 64, 3 * 4096, 7);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(span + 4096))), 7);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(span + 2 * 4096))), 7);
 }
 END_TEST
 
