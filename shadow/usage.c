@@ -41,32 +41,60 @@ static void own_lines(struct al_shadow_region *r, uint64_t lo, uint64_t hi, unsi
         own_line(line_of(r, la), tag);
 }
 
-/* The page at PAGE, so far OWNER's alone, is about to get a second owner: OWNER's lines on it
- * are written out. They are those an object was ever put on (a seen granule) and those a live
- * object reaches (records from a page back: no object under a page is longer; a big object
- * writes its last line itself). SKIP is the new owner's object, recorded already. */
-static void spill_owner(uint64_t page, unsigned owner, uint64_t skip)
+/* The objects around [lo, hi): FN gets each granule from a page before LO (no object under a
+ * page is longer) up to HI that an allocation ever returned, with its record if the object
+ * there is live (NULL otherwise). */
+static void each_object(uint64_t lo, uint64_t hi,
+                        void (*fn)(uint64_t g, const struct al_shadow_object *live, void *arg), void *arg)
 {
-    uint64_t from = page > AL_SHADOW_PAGE_SIZE ? page - AL_SHADOW_PAGE_SIZE + 8 : 0;
-    uint64_t end = page + AL_SHADOW_PAGE_SIZE;
-    struct al_shadow_region *r = NULL, *pr = _al_shadow_region(page);
-    for (uint64_t g = from; g < end; g += 8) {
+    uint64_t from = (lo > AL_SHADOW_PAGE_SIZE ? lo - AL_SHADOW_PAGE_SIZE + 8 : 0) & ~7ull;
+    struct al_shadow_region *r = NULL;
+    for (uint64_t g = from; g < hi; g += 8) {
         if (!r || (g & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0 || g == from)
             r = _al_shadow_region(g);
-        if (!r || !pr || g == skip)
+        if (!r) {
+            g = (g | ((1u << AL_SHADOW_REGION_SHIFT) - 1)) + 1 - 8;
             continue;
+        }
         uint8_t b = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(g)], __ATOMIC_RELAXED);
-        if (g >= page && (b & AL_SHADOW_SEEN))
-            own_line(line_of(pr, g), owner);
-        struct al_shadow_object o;
-        if (!(b & AL_SHADOW_LIVE) || !_al_shadow_object_read(g, &o))
+        if (!(b & AL_SHADOW_SEEN))
             continue;
-        uint64_t lo = g > page ? g : page, hi = g + (o.requested ? o.requested : 1);
-        if (hi > end)
-            hi = end;
-        if (hi > lo)
-            own_lines(pr, lo, hi, owner);
+        struct al_shadow_object o;
+        fn(g, (b & AL_SHADOW_LIVE) && _al_shadow_object_read(g, &o) ? &o : NULL, arg);
     }
+}
+
+struct spill {
+    struct al_shadow_region *r;
+    uint64_t page, skip;
+    unsigned owner;
+};
+
+static void spill_one(uint64_t g, const struct al_shadow_object *live, void *arg)
+{
+    struct spill *s = arg;
+    if (g == s->skip)
+        return;
+    if (g >= s->page)
+        own_line(line_of(s->r, g), s->owner);
+    if (!live)
+        return;
+    uint64_t lo = g > s->page ? g : s->page, hi = g + (live->requested ? live->requested : 1);
+    if (hi > s->page + AL_SHADOW_PAGE_SIZE)
+        hi = s->page + AL_SHADOW_PAGE_SIZE;
+    if (hi > lo)
+        own_lines(s->r, lo, hi, s->owner);
+}
+
+/* The page at PAGE, so far OWNER's alone, is about to get a second owner: OWNER's lines on it
+ * are written out. They are those an object was ever put on (a seen granule) and those a live
+ * object reaches (a big object from further back writes its last line itself). SKIP is the new
+ * owner's object, recorded already. */
+static void spill_owner(uint64_t page, unsigned owner, uint64_t skip)
+{
+    struct spill s = { _al_shadow_region(page), page, skip, owner };
+    if (s.r)
+        each_object(page, page + AL_SHADOW_PAGE_SIZE, spill_one, &s);
 }
 
 AL_SHADOW_COLD void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag)
@@ -128,30 +156,26 @@ void _al_shadow_use_big(uint64_t a, uint64_t n, int sign)
     }
 }
 
-/* Bytes of live objects under a page that lie in [lo, hi): the records starting up to a page
- * before lo (no such object is longer) through hi. */
+struct span {
+    uint64_t lo, hi, total;
+};
+
+static void add_small(uint64_t g, const struct al_shadow_object *live, void *arg)
+{
+    struct span *s = arg;
+    if (!live || live->requested >= AL_SHADOW_BIG)
+        return;
+    uint64_t lo = g > s->lo ? g : s->lo, hi = g + live->requested < s->hi ? g + live->requested : s->hi;
+    if (hi > lo)
+        s->total += hi - lo;
+}
+
+/* Bytes of live objects under a page that lie in [lo, hi). */
 static uint32_t small_bytes(uint64_t lo, uint64_t hi)
 {
-    uint64_t from = lo > AL_SHADOW_PAGE_SIZE ? lo - AL_SHADOW_PAGE_SIZE + 8 : 0, total = 0;
-    struct al_shadow_region *r = NULL;
-    for (uint64_t g = from & ~7ull; g < hi; g += 8) {
-        if (!r || (g & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0 || g == (from & ~7ull))
-            r = _al_shadow_region(g);
-        if (!r) {
-            g = (g | ((1u << AL_SHADOW_REGION_SHIFT) - 1)) + 1 - 8;
-            continue;
-        }
-        uint8_t b = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(g)], __ATOMIC_RELAXED);
-        if (!(b & AL_SHADOW_LIVE))
-            continue;
-        struct al_shadow_object o;
-        if (!_al_shadow_object_read(g, &o) || o.requested >= AL_SHADOW_BIG)
-            continue;
-        uint64_t s = g > lo ? g : lo, e = g + o.requested < hi ? g + o.requested : hi;
-        if (e > s)
-            total += e - s;
-    }
-    return (uint32_t)total;
+    struct span s = { lo, hi, 0 };
+    each_object(lo, hi, add_small, &s);
+    return (uint32_t)s.total;
 }
 
 uint32_t _al_shadow_page_used(const void *p)
