@@ -12,11 +12,6 @@
     static inline __attribute__((always_inline)) void *timed_##name(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
     {                                                                                  \
-        if (AL_UNLIKELY(!_al_full)) {                                                  \
-            void *r = _al_real.sym args;                                               \
-            _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
-            return r;                                                                  \
-        }                                                                              \
         unsigned large = (size) >= _al_large_threshold;                                \
         bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
@@ -27,13 +22,31 @@
         return r;                                                                      \
     }
 
-#define WRAP_ALLOC(op, sym, params, args, size)                                        \
+#define WRAP_ALLOC(op, sym, params, args, size, target)                                \
     TIMED_ALLOC(op, sym, sym, params, args, size)                                      \
+    static AL_NOINLINE void *full_##sym(struct al_thread *t, AL_STRIP(params))         \
+    {                                                                                  \
+        t->busy = 1;                                                                   \
+        return timed_##sym(t, AL_STRIP(args));                                         \
+    }                                                                                  \
+    static AL_NOINLINE void *sampled_##sym(struct al_thread *t, AL_STRIP(params))      \
+    {                                                                                  \
+        t->busy = 1;                                                                   \
+        void *r = _al_real.sym args;                                                   \
+        _al_sample_alloc(t, (size), r);                                                \
+        t->busy = 0;                                                                   \
+        return r;                                                                      \
+    }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
-        if (t)                                                                         \
-            return timed_##sym(t, AL_STRIP(args));                                     \
+        if (t) {                                                                       \
+            if (_al_full)                                                              \
+                return timed_##sym(t, AL_STRIP(args));                                 \
+            void *r = _al_real.sym args;                                               \
+            _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
+            return r;                                                                  \
+        }                                                                              \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return _al_bootstrap_alloc(size);                                              \
@@ -43,13 +56,21 @@
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
+        if (AL_LIKELY(_al_full))                                                       \
+            return full_##sym(t, AL_STRIP(args));                                      \
+        if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
+            return sampled_##sym(t, AL_STRIP(args));                                   \
+        if (AL_TAIL_##target)                                                          \
+            return _al_real.sym args;                                                  \
         t->busy = 1;                                                                   \
-        return timed_##sym(t, AL_STRIP(args));                                         \
+        void *r = _al_real.sym args;                                                   \
+        t->busy = 0;                                                                   \
+        return r;                                                                      \
     }
 
 /* An object given to realloc is retired (and forgotten by the sampler) first: once the
  * allocator has the address back another thread may get it, and record or sample it. */
-#define WRAP_REALLOC(op, sym, params, args, size)                                      \
+#define WRAP_REALLOC(op, sym, params, args, size, target)                              \
     TIMED_ALLOC(op, re_##sym, sym, params, args, size)                                 \
     static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
@@ -62,9 +83,13 @@
                 _al_sample_free(p);                                                    \
             if (flags & AL_SHADOW_LIVE)                                                \
                 had = _al_waste_retire(t, p, &undo);                                   \
-        } else if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                        \
-                               (_al_shadow_flags(p) & AL_SHADOW_SAMPLED))) {           \
-            _al_sample_free(p);                                                        \
+        } else if (!_al_full) {                                                        \
+            if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                           \
+                            (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))                \
+                _al_sample_free(p);                                                    \
+            void *r = _al_real.sym args;                                               \
+            _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
+            return r;                                                                  \
         }                                                                              \
         void *r = timed_re_##sym(t, AL_STRIP(args));                                   \
         /* Failed: the old object is still the program's. */                          \
@@ -95,18 +120,10 @@
 
 /* A freed object's record is retired before the real free: once the allocator has the address
  * back, another thread may be handed it and record its own object there. */
-#define WRAP_FREE(op, sym, params, args, size)                                         \
+#define WRAP_FREE(op, sym, params, args, size, target)                                 \
     static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
                                                                   AL_STRIP(params))    \
     {                                                                                  \
-        if (AL_UNLIKELY(!_al_full)) {                                                  \
-            if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                           \
-                            (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))                \
-                _al_sample_free(p);                                                    \
-            _al_real.sym args;                                                         \
-            _al_count_free(t, AL_OP_##op);                                             \
-            return;                                                                    \
-        }                                                                              \
         unsigned large = p ? _al_waste_free(t, p) : 0;                                 \
         bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
@@ -115,11 +132,26 @@
         _al_call_end(t, AL_OP_##op, counted);                                          \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \
+    static AL_NOINLINE void full_##sym(struct al_thread *t, AL_STRIP(params))          \
+    {                                                                                  \
+        t->busy = 1;                                                                   \
+        timed_##sym(t, AL_STRIP(args));                                                \
+    }                                                                                  \
+    /* --mode sample: the object may be a sampled one. */                             \
+    static AL_NOINLINE void counted_##sym(struct al_thread *t, AL_STRIP(params))       \
+    {                                                                                  \
+        if (p && (_al_shadow_flags(p) & AL_SHADOW_SAMPLED))                            \
+            _al_sample_free(p);                                                        \
+        _al_real.sym args;                                                             \
+        _al_count_free(t, AL_OP_##op);                                                 \
+    }                                                                                  \
     static AL_NOINLINE void slow_##sym params                                          \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
-        if (t)                                                                         \
+        if (t && _al_full)                                                             \
             timed_##sym(t, AL_STRIP(args));                                            \
+        else if (t)                                                                    \
+            counted_##sym(t, AL_STRIP(args));                                          \
         else if (AL_LIKELY(_al_real.sym != NULL))                                      \
             _al_real.sym args;                                                         \
     }                                                                                  \
@@ -132,11 +164,26 @@
             slow_##sym args;                                                           \
             return;                                                                    \
         }                                                                              \
+        if (AL_LIKELY(_al_full)) {                                                     \
+            full_##sym(t, AL_STRIP(args));                                             \
+            return;                                                                    \
+        }                                                                              \
+        if (AL_UNLIKELY(p && _al_sample_page_maybe(p))) {                              \
+            t->busy = 1;                                                               \
+            counted_##sym(t, AL_STRIP(args));                                          \
+            return;                                                                    \
+        }                                                                              \
+        _al_count_free_first(t, AL_OP_##op);                                           \
+        if (AL_TAIL_##target) {                                                        \
+            _al_real.sym args;                                                         \
+            return;                                                                    \
+        }                                                                              \
         t->busy = 1;                                                                   \
-        timed_##sym(t, AL_STRIP(args));                                                \
+        _al_real.sym args;                                                             \
+        t->busy = 0;                                                                   \
     }
 
-#define WRAP_MEMALIGN(op, sym, params, args, size)                                     \
+#define WRAP_MEMALIGN(op, sym, params, args, size, target)                             \
     static inline __attribute__((always_inline)) int timed_##sym(struct al_thread *t,  \
                                                                  AL_STRIP(params))     \
     {                                                                                  \
@@ -171,7 +218,19 @@
         return timed_##sym(t, AL_STRIP(args));                                         \
     }
 
-#define AL_ENTRY(kind, op, sym, params, args, size, target) WRAP_##kind(op, sym, params, args, size)
+/* --mode sample: which targets may be jumped to with the thread not marked busy, because they
+ * never call back into an interposed function. The allocators' own operators may: jemalloc's
+ * operator delete calls free through its PLT, which is us. Ours built on the C++ runtime's
+ * operator new call back into malloc when the allocator fails. */
+#define AL_TAIL_NEXT 1
+#define AL_TAIL_OWN_OR_PVALLOC 0
+#define AL_TAIL_OWN_OR_REALLOCARRAY 0
+#define AL_TAIL_OWN_OR_FREE 0
+#define AL_TAIL_OWN_NEW 0
+#define AL_TAIL_OWN_NEW_ALIGNED 0
+#define AL_TAIL_OWN_DELETE 0
+
+#define AL_ENTRY(kind, op, sym, params, args, size, target) WRAP_##kind(op, sym, params, args, size, target)
 #include "entries.def"
 #undef AL_ENTRY
 

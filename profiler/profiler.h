@@ -116,6 +116,15 @@ void _al_mem_unmap(void *p, size_t size);
 void *_al_mem_alloc(size_t size); /* small, zeroed, never freed; lock-free bump arena */
 size_t _al_mem_footprint(void);   /* bytes the profiler holds mapped */
 
+/* Faults in the page of p for writing, for a slow path about to read memory it may then
+ * write: a read of a fresh anonymous page maps the shared zero page, and the write after it
+ * must replace that page and flush the TLB of every CPU the process runs on (an IPI each). An
+ * atomic add of 0 is a write to the page that leaves any value there as it was. */
+AL_INLINE void _al_mem_touch(void *p)
+{
+    __atomic_fetch_add((unsigned char *)p, 0, __ATOMIC_RELAXED);
+}
+
 /* ---- log.c: one capped, non-allocating writer for warnings --------------------------------- */
 
 void _al_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -588,8 +597,27 @@ AL_INLINE void _al_count_alloc(struct al_thread *t, unsigned op, size_t size, vo
 
 AL_INLINE void _al_count_free(struct al_thread *t, unsigned op)
 {
-    AL_BUMP(t->rows[_al_row_index(op, 0, AL_REUSE_NA, _al_phase_now())].count, 1);
+    unsigned row = _al_row_index(op, 0, AL_REUSE_NA, _al_phase_now());
+    AL_BUMP(t->rows[row].count, 1);
     t->busy = 0;
+}
+
+/* The same, before the call, so the wrapper can jump to the allocator and leave it to return
+ * to the program: the thread is not marked busy, which is safe only for targets that never
+ * call back into an interposed function. False when this allocation is the one to sample:
+ * the caller then makes the call on a slow path with the thread busy, and samples it. */
+AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t size)
+{
+    unsigned row = _al_row_index(op, size >= _al_large_threshold, AL_REUSE_NA, _al_phase_now());
+    AL_BUMP(t->rows[row].count, 1);
+    t->sample_countdown -= (int64_t)size + 1;
+    return AL_LIKELY(t->sample_countdown >= 0);
+}
+
+AL_INLINE void _al_count_free_first(struct al_thread *t, unsigned op)
+{
+    unsigned row = _al_row_index(op, 0, AL_REUSE_NA, _al_phase_now());
+    AL_BUMP(t->rows[row].count, 1);
 }
 
 /* ---- process.c: start-up, fork, exec and exit ---------------------------------------------- */

@@ -241,6 +241,8 @@ static uint64_t slot_of(uintptr_t a)
 
 static struct slot *find_slot(uintptr_t a)
 {
+    /* The index is 8 MiB, mostly untouched: its pages come in one by one, at samples. */
+    _al_mem_touch(&s.slots[slot_of(a)]);
     for (uint64_t i = slot_of(a);; i = (i + 1) & (SLOTS - 1)) {
         if (s.slots[i].addr == a || !s.slots[i].addr)
             return &s.slots[i];

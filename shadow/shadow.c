@@ -137,8 +137,12 @@ void _al_shadow_set_sampled(const void *p, bool sampled)
     struct al_shadow_region *r = sampled ? _al_shadow_region_get(a) : _al_shadow_region(a);
     if (!r)
         return;
-    /* The granule is the object's own: only the thread holding it writes its byte. */
+    /* One read-modify-write, not a load and a store: a fresh page of the record is then faulted
+     * in for writing at once, instead of as the zero page first and copied at the store, with
+     * a TLB flush on every CPU the process runs on. */
     uint8_t *b = &r->granule[AL_SHADOW_GRANULE(a)];
-    uint8_t v = __atomic_load_n(b, __ATOMIC_RELAXED);
-    __atomic_store_n(b, sampled ? v | AL_SHADOW_SAMPLED : v & ~AL_SHADOW_SAMPLED, __ATOMIC_RELAXED);
+    if (sampled)
+        __atomic_fetch_or(b, AL_SHADOW_SAMPLED, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_and(b, (uint8_t)~AL_SHADOW_SAMPLED, __ATOMIC_RELAXED);
 }
