@@ -41,7 +41,7 @@
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t) {                                                                       \
-            if (_al_full)                                                              \
+            if (_al_timed)                                                              \
                 return timed_##sym(t, AL_STRIP(args));                                 \
             void *r = _al_real.sym args;                                               \
             _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
@@ -56,7 +56,7 @@
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_full))                                                       \
+        if (AL_LIKELY(_al_timed))                                                       \
             return full_##sym(t, AL_STRIP(args));                                      \
         if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
             return sampled_##sym(t, AL_STRIP(args));                                   \
@@ -76,14 +76,16 @@
                                                                    AL_STRIP(params))   \
     {                                                                                  \
         struct al_waste_undo undo;                                                     \
-        unsigned had = 0;                                                              \
-        if (AL_LIKELY(_al_full) && p) {                                                \
+        unsigned had = 0, was_large = 0;                                               \
+        if (AL_LIKELY(_al_records) && p) {                                             \
             unsigned flags = _al_shadow_flags(p);                                      \
             if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                \
                 _al_sample_free(p);                                                    \
             if (flags & AL_SHADOW_LIVE)                                                \
                 had = _al_waste_retire(t, p, &undo);                                   \
-        } else if (!_al_full) {                                                        \
+        } else if (_al_timed && p) {                                                   \
+            was_large = _al_mark_free(p);                                              \
+        } else if (!_al_timed) {                                                       \
             if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                           \
                             (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))                \
                 _al_sample_free(p);                                                    \
@@ -93,8 +95,12 @@
         }                                                                              \
         void *r = timed_re_##sym(t, AL_STRIP(args));                                   \
         /* Failed: the old object is still the program's. */                          \
-        if (AL_UNLIKELY(had && r == NULL && (size) != 0))                              \
-            _al_waste_restore(t, p, &undo);                                            \
+        if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
+            if (had)                                                                   \
+                _al_waste_restore(t, p, &undo);                                        \
+            else                                                                       \
+                _al_mark_alloc(p, 1);                                                  \
+        }                                                                              \
         return r;                                                                      \
     }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
@@ -124,7 +130,8 @@
     static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
                                                                   AL_STRIP(params))    \
     {                                                                                  \
-        unsigned large = p ? _al_waste_free(t, p) : 0;                                 \
+        unsigned large = !p ? 0 : AL_LIKELY(_al_records) ? _al_waste_free(t, p)        \
+                                                         : _al_mark_free(p);           \
         bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
         _al_real.sym args;                                                             \
@@ -148,7 +155,7 @@
     static AL_NOINLINE void slow_##sym params                                          \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
-        if (t && _al_full)                                                             \
+        if (t && _al_timed)                                                             \
             timed_##sym(t, AL_STRIP(args));                                            \
         else if (t)                                                                    \
             counted_##sym(t, AL_STRIP(args));                                          \
@@ -164,7 +171,7 @@
             slow_##sym args;                                                           \
             return;                                                                    \
         }                                                                              \
-        if (AL_LIKELY(_al_full)) {                                                     \
+        if (AL_LIKELY(_al_timed)) {                                                     \
             full_##sym(t, AL_STRIP(args));                                             \
             return;                                                                    \
         }                                                                              \
@@ -188,13 +195,13 @@
                                                                  AL_STRIP(params))     \
     {                                                                                  \
         unsigned large = (size) >= _al_large_threshold;                                \
-        bool counted = _al_full && _al_call_begin(t, AL_OP_##op, large);               \
+        bool counted = _al_timed && _al_call_begin(t, AL_OP_##op, large);               \
         uint64_t c0 = _al_tsc();                                                       \
         int rc = _al_real.sym args;                                                    \
         uint64_t c1 = _al_tsc();                                                       \
-        if (_al_full)                                                                  \
+        if (_al_timed)                                                                  \
             _al_call_end(t, AL_OP_##op, counted);                                      \
-        if (AL_UNLIKELY(!_al_full))                                                    \
+        if (AL_UNLIKELY(!_al_timed))                                                    \
             _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);             \
         else                                                                           \
             _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \

@@ -22,8 +22,9 @@ const struct al_option _al_options[AL_OPT_N] = {
         "allocator description (style, size classes, large threshold) from 'alloclens prerun'; "
         "'alloclens run' uses its cached probe result when none is given" },
     [AL_OPT_MODE] = { "mode", "ALLOCLENS_MODE", AL_OPT_STRING, "full", 0, 0,
-        "'full': time every call, track every address; 'sample': op counts and the allocation-site "
-        "sampler only, for always-on use" },
+        "'full': time every call, track every object and its memory waste; 'time': time every "
+        "call and tell new addresses from reused ones, no object records or waste; 'sample': op "
+        "counts and the allocation-site sampler only, for always-on use" },
     [AL_OPT_SAMPLE_RATE] = { "sample-rate", "ALLOCLENS_SAMPLE_RATE", AL_OPT_SIZE, "524288", 0, 1ll << 40,
         "mean bytes allocated between two sampled allocations (Poisson byte sampling; 0: off)" },
     [AL_OPT_SEED] = { "seed", "ALLOCLENS_SEED", AL_OPT_INT, "0", 0, 1ll << 62,
@@ -128,6 +129,12 @@ static const char *str_setting(enum al_opt_id id, char *store, size_t cap)
     return store;
 }
 
+const char *_al_mode_name(unsigned mode)
+{
+    static const char *const names[AL_MODE_COUNT] = { "full", "time", "sample" };
+    return mode < AL_MODE_COUNT ? names[mode] : "?";
+}
+
 void _al_settings_load(struct al_settings *s)
 {
     s->output = str_setting(AL_OPT_OUTPUT, s->output_buf, sizeof s->output_buf);
@@ -145,9 +152,12 @@ void _al_settings_load(struct al_settings *s)
     s->syscalls = num_setting(AL_OPT_SYSCALLS, &given) != 0;
     s->seed = (uint64_t)num_setting(AL_OPT_SEED, &given);
     const char *mode = getenv(_al_options[AL_OPT_MODE].env);
-    s->sample_mode = mode && strcmp(mode, "sample") == 0;
-    if (mode && !s->sample_mode && strcmp(mode, "full") != 0)
-        _al_log("%s='%s' is neither 'full' nor 'sample'; using the default full",
+    s->mode = AL_MODE_FULL;
+    for (unsigned m = 0; mode && m < AL_MODE_COUNT; m++)
+        if (strcmp(mode, _al_mode_name(m)) == 0)
+            s->mode = (enum al_mode)m;
+    if (mode && strcmp(mode, _al_mode_name(s->mode)) != 0)
+        _al_log("%s='%s' is none of 'full', 'time' or 'sample'; using the default full",
                 _al_options[AL_OPT_MODE].env, mode);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
 }

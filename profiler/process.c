@@ -95,9 +95,11 @@ void _al_process_start(void)
         t->busy = 1; /* what follows may allocate: forwarded, not counted */
     _al_settings_load(&_al_settings);
     _al_large_threshold = _al_settings.large_threshold;
-    _al_full = !_al_settings.sample_mode;
+    _al_mode = _al_settings.mode;
+    _al_timed = _al_mode != AL_MODE_SAMPLE;
+    _al_records = _al_mode == AL_MODE_FULL;
     _al_sampler_init(&_al_settings);
-    if (_al_full) {
+    if (_al_timed) {
         _al_locks_init();
         if (_al_settings.syscalls)
             _al_syscalls_init();
@@ -144,10 +146,11 @@ void _al_process_start(void)
         _al_large_threshold = _al_allocator.config->large_threshold;
         _al_allocator.threshold_source = "config";
     }
-    if (_al_full)
+    if (_al_records)
         _al_waste_init(_al_allocator.config);
     else
-        snprintf(_al_waste.reason, sizeof _al_waste.reason, "not measured in --mode sample");
+        snprintf(_al_waste.reason, sizeof _al_waste.reason, "not measured in --mode %s",
+                 _al_mode_name(_al_mode));
     if (_al_allocator.program_defines_malloc)
         _al_log("the program defines malloc itself (%s): alloclens cannot stand in front of "
                 "that allocator and counts only what reaches it", _al_allocator.path);

@@ -182,13 +182,23 @@ extern const struct al_option _al_options[AL_OPT_N];
  * garbage, -ERANGE outside [min, max]. */
 int _al_option_parse_num(const struct al_option *o, const char *text, long long *ret);
 
+/* What a run measures (--mode). */
+enum al_mode {
+    AL_MODE_FULL,   /* every call timed, every object recorded: the memory waste report */
+    AL_MODE_TIME,   /* every call timed, new/reused from a mark per address; no records */
+    AL_MODE_SAMPLE, /* op counts and the site sampler only */
+    AL_MODE_COUNT
+};
+
+const char *_al_mode_name(unsigned mode);
+
 struct al_settings {
     const char *output;     /* JSON report path, or NULL */
     const char *text;       /* text report path; "-" is stderr; NULL is none */
     uint64_t large_threshold;
     bool large_threshold_set; /* given explicitly: wins over the allocator's config */
     const char *config;     /* allocator description file, or NULL */
-    bool sample_mode;       /* --mode sample: op counts and the site sampler only */
+    enum al_mode mode;
     uint64_t sample_rate;   /* mean bytes between sampled allocations; 0: no sampling */
     uint64_t seed;          /* 0: a fresh seed each run */
     const char *pprof;      /* pprof heap profile path, or NULL */
@@ -503,9 +513,11 @@ void _al_lock_acquired(struct al_thread *t, const void *lock, bool contended, ui
 void _al_lock_released(struct al_thread *t, const void *lock, uint64_t now);
 void _al_locks_init(void);
 
-/* --mode full (the default) times every call and tracks every address; --mode sample only
- * counts calls and samples allocation sites. */
-extern bool _al_full;
+/* _al_timed: every call is timed (--mode full, the default, and --mode time); _al_records:
+ * every object has a record (--mode full). --mode sample only counts calls and samples
+ * allocation sites. */
+extern bool _al_timed, _al_records;
+extern enum al_mode _al_mode;
 
 void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
 void _al_sample_free(const void *p);
@@ -564,6 +576,39 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p)
     return 0;
 }
 
+#include "sampler.h"
+
+/* --mode time: whether the address was returned before, and the mark a large object leaves
+ * for its free. An allocation clears a mark left at its address by a large object freed
+ * without us seeing it (realloc's old object is unmarked first). */
+AL_INLINE unsigned _al_mark_alloc(void *p, unsigned large)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region_get(a);
+    if (AL_UNLIKELY(r == NULL))
+        return AL_REUSE_NEW;
+    bool seen = _al_shadow_seen(r, a);
+    if (AL_UNLIKELY(large))
+        _al_shadow_mark_large(r, a);
+    else
+        _al_shadow_take_large(r, a);
+    return seen ? AL_REUSE_REUSED : AL_REUSE_NEW;
+}
+
+/* The object at p is about to be freed: whether it was large (sampled objects forgotten by
+ * the sampler first). */
+AL_INLINE unsigned _al_mark_free(void *p)
+{
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    struct al_shadow_region *r = _al_shadow_region(a);
+    if (AL_UNLIKELY(r == NULL))
+        return 0;
+    if (AL_UNLIKELY(_al_sample_page_maybe(p)) &&
+        (__atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED) & AL_SHADOW_SAMPLED))
+        _al_sample_free(p);
+    return _al_shadow_take_large(r, a);
+}
+
 /* A call that returned address p (NULL: failed) for a request of size bytes, of the size class
  * LARGE (the caller decided it once, before the call). Only malloc, calloc and new are sure to
  * get the class the size table says: the others may get a bigger one. */
@@ -571,8 +616,12 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, u
                                 uint64_t cycles)
 {
     unsigned reuse = AL_REUSE_NA;
-    if (AL_LIKELY(p != NULL))
+    if (AL_UNLIKELY(p == NULL))
+        ;
+    else if (AL_LIKELY(_al_records))
         reuse = _al_waste_alloc(t, p, size, large, op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW);
+    else
+        reuse = _al_mark_alloc(p, large);
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
     _al_sample_countdown(t, size, p);
     t->busy = 0;
@@ -698,6 +747,5 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 void _al_report_forget_exec(void);
 void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
 
-#include "sampler.h"
 
 #endif

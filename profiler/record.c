@@ -4,7 +4,8 @@
 #include "profiler.h"
 
 uint64_t _al_large_threshold = 131072;
-bool _al_full = true;
+bool _al_timed = true, _al_records = true;
+enum al_mode _al_mode = AL_MODE_FULL;
 uint64_t _al_tsc_overhead;
 struct al_first_call _al_first;
 

@@ -104,7 +104,7 @@ static void ops(struct al_buf *b, const struct al_report *r)
             "\"cycles_p50\": %llu, \"cycles_p99\": %llu, \"cycles_p999\": %llu, "
             "\"ns_mean\": %.1f, \"ns_p50\": %.1f, \"ns_p99\": %.1f, \"ns_p999\": %.1f }",
             first ? "" : ",", _al_op_name(op),
-            !_al_full && (op == AL_OP_FREE || op == AL_OP_DELETE) ? "unknown" : large ? "large" : "small",
+            !_al_timed && (op == AL_OP_FREE || op == AL_OP_DELETE) ? "unknown" : large ? "large" : "small",
             _al_reuse_name(reuse),
             _al_phase_name(phase), (unsigned long long)row->count, (unsigned long long)row->timed,
             (unsigned long long)row->cycles, mean, (unsigned long long)p50,
@@ -203,7 +203,7 @@ static void syscalls(struct al_buf *b, const struct al_report *r)
 static void locks(struct al_buf *b, const struct al_report *r)
 {
     if (!_al_locks) {
-        unavailable(b, "locks", _al_full ? "no memory for the lock table" : "not measured in --mode sample", false);
+        unavailable(b, "locks", _al_timed ? "no memory for the lock table" : "not measured in --mode sample", false);
         return;
     }
     _al_buf_puts(b, "  \"locks\": { \"available\": true, \"scope\": \"pthread mutexes and spin locks taken "
@@ -227,7 +227,7 @@ static void locks(struct al_buf *b, const struct al_report *r)
 void _al_report_json(struct al_buf *b, const struct al_report *r)
 {
     _al_buf_puts(b, "{\n  \"schema\": \"alloclens-report/1\",\n");
-    _al_buf_printf(b, "  \"mode\": \"%s\",\n", _al_full ? "full" : "sample");
+    _al_buf_printf(b, "  \"mode\": \"%s\",\n", _al_mode_name(_al_mode));
     program(b, r);
     allocator(b, r);
     _al_buf_printf(b, "  \"threads\": { \"total\": %llu, \"max_live\": %llu, \"serial_ns\": %.0f, "

@@ -146,3 +146,21 @@ void _al_shadow_set_sampled(const void *p, bool sampled)
     else
         __atomic_fetch_and(b, (uint8_t)~AL_SHADOW_SAMPLED, __ATOMIC_RELAXED);
 }
+
+void _al_shadow_mark_large(struct al_shadow_region *r, uint64_t a)
+{
+    uint8_t *b = &r->granule[AL_SHADOW_GRANULE(a)];
+    if (!(__atomic_fetch_or(b, AL_SHADOW_MARK_LARGE, __ATOMIC_RELAXED) & AL_SHADOW_MARK_LARGE))
+        atomic_fetch_add_explicit(&r->page_large[AL_SHADOW_PAGE_INDEX(a)], 1, memory_order_relaxed);
+}
+
+bool _al_shadow_unmark_large(struct al_shadow_region *r, uint64_t a)
+{
+    uint8_t *b = &r->granule[AL_SHADOW_GRANULE(a)];
+    if (!(__atomic_load_n(b, __ATOMIC_RELAXED) & AL_SHADOW_MARK_LARGE))
+        return false;
+    if (!(__atomic_fetch_and(b, (uint8_t)~AL_SHADOW_MARK_LARGE, __ATOMIC_RELAXED) & AL_SHADOW_MARK_LARGE))
+        return false;
+    atomic_fetch_sub_explicit(&r->page_large[AL_SHADOW_PAGE_INDEX(a)], 1, memory_order_relaxed);
+    return true;
+}

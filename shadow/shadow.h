@@ -54,6 +54,8 @@ struct al_shadow_region {
     _Atomic uint32_t page_used[AL_SHADOW_PAGES];    /* level 2 */
     _Atomic uint32_t page_span[AL_SHADOW_PAGES];    /* most pages an object from here covered */
     _Atomic uint16_t page_owner[AL_SHADOW_PAGES];   /* owners, as a line entry (usage.c) */
+    _Atomic uint16_t page_large[AL_SHADOW_PAGES];   /* --mode time: live large objects starting here */
+    _Atomic uint64_t seen[AL_SHADOW_GRANULES / 64]; /* --mode time: a bit per granule ever returned */
     _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3 */
     uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4 */
 };
@@ -120,6 +122,39 @@ static inline __attribute__((always_inline)) unsigned _al_shadow_flags(const voi
     if (!r)
         return 0;
     return __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED) & 0xfu;
+}
+
+/* --mode time keeps no records, and reads nothing per granule on the common path: a bit per
+ * granule says whether an allocation ever returned the address (a bitmap 1/64 the size of the
+ * heap it describes, mostly in cache), and a count per page says how many live large objects
+ * start there; only where that count is not 0 does a free look at its granule, whose payload
+ * marks a large object's start. */
+#define AL_SHADOW_MARK_LARGE 0x10u
+
+/* Whether an allocation returned A before; marks it returned. */
+static inline __attribute__((always_inline)) bool _al_shadow_seen(struct al_shadow_region *r, uint64_t a)
+{
+    uint64_t g = AL_SHADOW_GRANULE(a);
+    _Atomic uint64_t *w = &r->seen[g >> 6];
+    uint64_t bit = 1ull << (g & 63);
+    if (__builtin_expect((atomic_load_explicit(w, memory_order_relaxed) & bit) != 0, 1))
+        return true;
+    atomic_fetch_or_explicit(w, bit, memory_order_relaxed); /* neighbours are other threads' */
+    return false;
+}
+
+/* Marks (LARGE) or clears the large-object mark of the object at A: the rare paths. Clearing
+ * returns whether A had the mark. */
+void _al_shadow_mark_large(struct al_shadow_region *r, uint64_t a);
+bool _al_shadow_unmark_large(struct al_shadow_region *r, uint64_t a);
+
+/* An object at A was made or is being freed: whether a large object started at A (and the
+ * mark is gone now). Only a page with such an object on it costs more than one dense load. */
+static inline __attribute__((always_inline)) bool _al_shadow_take_large(struct al_shadow_region *r, uint64_t a)
+{
+    if (__builtin_expect(atomic_load_explicit(&r->page_large[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed) == 0, 1))
+        return false;
+    return _al_shadow_unmark_large(r, a);
 }
 
 /* Marks or unmarks the object at p as sampled (the rare path). */

@@ -151,6 +151,18 @@ def test_bad_variables(tap):
     same_as_plain(tap, desc, plain, prof)
     one_line(tap, desc, prof, "ALLOCLENS_MAIN_PID", "xx")
 
+    # A mode that does not exist: one line, and the default mode's report.
+    tmp = tmpdir()
+    desc = "ALLOCLENS_MODE=fast"
+    out = os.path.join(tmp, "r.json")
+    plain, prof = direct(tmp, [LEAF, "2", "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
+                         ALLOCLENS_MODE="fast")
+    same_as_plain(tap, desc, plain, prof)
+    one_line(tap, desc, prof, "ALLOCLENS_MODE", "fast")
+    r = load(out)
+    tap.ok(r is not None and r.get("mode") == "full", f"{desc}: report written in mode full",
+           f"report mode: {None if r is None else r.get('mode')}")
+
     # Inherited by `alloclens run` from the user's environment.
     tmp = tmpdir()
     desc = "alloclens run with ALLOCLENS_LARGE_THRESHOLD=abc in the environment"

@@ -9,8 +9,8 @@ from a serial part and a parallel part (4 threads + main) and print their truth 
 each program runs twice under every allocator `alloclens allocators` finds: with --scale 0
 (the same threads, none of its own calls) and --scale 1. For every key the difference of the
 two reports' counts must equal the truth (absent keys count 0), ops the program never calls
-included. The same again with --mode sample, where the truth is compared as that mode tells
-it (no reuse, a free's size class unknown).
+included. The same again with --mode time (exactly the same table), and with --mode sample,
+where the truth is compared as that mode tells it (no reuse, a free's size class unknown).
 """
 import json
 import os
@@ -146,6 +146,10 @@ def main():
                 tap.skip(f"{kind} under {alloc}", "not installed")
                 continue
             check_program(tap, f"{kind} under {alloc}", alloc, prog, own_ops)
+            # --mode time tells new from reused addresses, and a free's size class, from marks
+            # instead of records: the same table, exactly.
+            check_program(tap, f"{kind} under {alloc}, --mode time", alloc, prog, own_ops,
+                          extra=("--mode", "time"))
             # --mode sample counts before the call and lets the allocator return to the
             # program itself: a call the allocator made back into malloc would show here.
             check_program(tap, f"{kind} under {alloc}, --mode sample", alloc, prog, own_ops,

@@ -1,5 +1,5 @@
-/* Unit tests of shadow/: new/reused detection, object records, page and line entries, heap
- * pages, concurrency, addresses the table does not cover. */
+/* Unit tests of shadow/: new/reused detection (records and --mode time's marks), object
+ * records, page and line entries, heap pages, concurrency, addresses the table does not cover. */
 #include <check.h>
 
 #include "check_main.h"
@@ -43,6 +43,33 @@ START_TEST(mark_new_then_reused)
     ck_assert(!mark(base + 16, 8));
     ck_assert(retire(base + 8, &o));
     ck_assert(mark(base + 8, 8));
+}
+END_TEST
+
+/* --mode time: the seen bit and the large-object marks, without records. */
+START_TEST(time_marks)
+{
+    uint64_t a = 0x7f0000300000ull + 4096 + 40;
+    struct al_shadow_region *r = _al_shadow_region_get(a);
+    ck_assert(!_al_shadow_seen(r, a));
+    ck_assert(_al_shadow_seen(r, a));
+    ck_assert(!_al_shadow_seen(r, a + 8)); /* the next granule, same word: its own bit */
+    ck_assert(!_al_shadow_seen(r, a - 8));
+    ck_assert(_al_shadow_seen(r, a + 8));
+    /* No large object on the page: a free finds nothing, reading only the page's count. */
+    ck_assert(!_al_shadow_take_large(r, a));
+    _al_shadow_mark_large(r, a);
+    _al_shadow_mark_large(r, a); /* marked twice (freed behind our back): counted once */
+    ck_assert_uint_eq(atomic_load(&r->page_large[AL_SHADOW_PAGE_INDEX(a)]), 1);
+    ck_assert(!_al_shadow_take_large(r, a + 16)); /* a small neighbour on the same page */
+    _al_shadow_mark_large(r, a + 64);
+    ck_assert_uint_eq(atomic_load(&r->page_large[AL_SHADOW_PAGE_INDEX(a)]), 2);
+    ck_assert(_al_shadow_take_large(r, a));
+    ck_assert(!_al_shadow_take_large(r, a)); /* taken once */
+    ck_assert(_al_shadow_take_large(r, a + 64));
+    ck_assert_uint_eq(atomic_load(&r->page_large[AL_SHADOW_PAGE_INDEX(a)]), 0);
+    /* The marks leave the seen bits alone. */
+    ck_assert(_al_shadow_seen(r, a));
 }
 END_TEST
 
@@ -330,6 +357,7 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup, NULL);
     tcase_add_checked_fixture(tc, setup, NULL);
     tcase_add_test(tc, mark_new_then_reused);
+    tcase_add_test(tc, time_marks);
     tcase_add_test(tc, records_round_trip);
     tcase_add_test(tc, records_in_the_table);
     tcase_add_test(tc, big_objects_keep_their_most_pages);
