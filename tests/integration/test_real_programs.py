@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Real programs, unchanged: python3, sqlite3, git, a C++ container workload and redis-server,
 each run plain and then under `alloclens run -a NAME` for every allocator `alloclens allocators`
-finds. Output and exit status must be byte-identical to the plain run, and every profiled process
-must leave a report naming the allocator that served it, with nonzero malloc-family counts.
+finds, in each mode (full, time, sample: ALLOCLENS_MODE). Output and exit status must be
+byte-identical to the plain run, and every profiled process must leave a report naming the
+allocator that served it, with nonzero malloc-family counts.
 
 Usage: test_real_programs.py CXX_CONTAINERS_BINARY   (ALLOCLENS_CLI in the environment)
 
@@ -24,6 +25,7 @@ import time
 import altest
 
 STEP_TIMEOUT = 120        # seconds for any one command
+MODES = ("full", "time", "sample")
 ALLOC_OPS = ("malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign",
              "valloc", "pvalloc", "new")
 FREE_OPS = ("free", "delete")
@@ -432,8 +434,8 @@ def op_total(report, ops):
     return total
 
 
-def report_problems(report, alloc, argv=None, status=None):
-    """What is wrong with REPORT for a process run under ALLOC (empty list: nothing)."""
+def report_problems(report, alloc, mode, argv=None, status=None):
+    """What is wrong with REPORT for a process run under ALLOC in MODE (empty list: nothing)."""
     if not isinstance(report, dict):
         return [f"report is not a JSON object: {report!r:.200}"]
     problems = []
@@ -443,6 +445,8 @@ def report_problems(report, alloc, argv=None, status=None):
     if name != alloc:
         problems.append(f"allocator.name is {name!r}, requested {alloc!r} "
                         f"(allocator.path {(report.get('allocator') or {}).get('path')!r})")
+    if report.get("mode") != mode:
+        problems.append(f"mode is {report.get('mode')!r}, ran in {mode!r}")
     prog = report.get("program") or {}
     if argv is not None and prog.get("argv") != list(argv):
         problems.append(f"program.argv is {prog.get('argv')!r:.300}, ran {list(argv)!r:.300}")
@@ -464,9 +468,17 @@ def summarize_ops(report):
     return ", ".join(f"{k}={v}" for k, v in sorted(per.items(), key=lambda kv: str(kv[0]))) or "none"
 
 
-def check_workload(wl, alloc, plain, prof, wd_plain_listing, wd_prof_listing):
+def mode_env(env, mode):
+    return env if mode == "full" else dict(env, ALLOCLENS_MODE=mode)
+
+
+def who(alloc, mode):
+    return alloc if mode == "full" else f"{alloc} --mode {mode}"
+
+
+def check_workload(wl, alloc, mode, plain, prof, wd_plain_listing, wd_prof_listing):
     for (step, a), (_, b) in zip(plain, prof):
-        label = f"{alloc}: {wl.name} {step.name}"
+        label = f"{who(alloc, mode)}: {wl.name} {step.name}"
         # 1. same exit status, stdout and stderr
         detail = ""
         if b.error:
@@ -485,8 +497,8 @@ def check_workload(wl, alloc, plain, prof, wd_plain_listing, wd_prof_listing):
                        f"{b.report_error or 'no report'}; stderr tail:\n"
                        f"{b.stderr[-2000:].decode('utf-8', 'replace')}")
             else:
-                probs = report_problems(b.report, alloc, step.argv, b.status)
-                tap.ok(not probs, f"{label}: report names {alloc} and counts malloc-family calls",
+                probs = report_problems(b.report, alloc, mode, step.argv, b.status)
+                tap.ok(not probs, f"{label}: report names {alloc}, mode {mode}, and counts malloc-family calls",
                        "\n".join(probs))
         # 3. reports of forked/exec'd children
         if step.children:
@@ -495,7 +507,7 @@ def check_workload(wl, alloc, plain, prof, wd_plain_listing, wd_prof_listing):
                 if isinstance(rep, str):
                     bad.append(f"{os.path.basename(path)}: {rep}")
                     continue
-                for p in report_problems(rep, alloc):
+                for p in report_problems(rep, alloc, mode):
                     bad.append(f"{os.path.basename(path)}: {p}")
             tap.ok(b.children and not bad,
                    f"{label}: child processes wrote their own reports ({len(b.children)} found)",
@@ -503,7 +515,8 @@ def check_workload(wl, alloc, plain, prof, wd_plain_listing, wd_prof_listing):
     # 4. alloclens left nothing behind in the working directory and the programs made the same files
     extra = sorted(set(wd_prof_listing) - set(wd_plain_listing))
     missing = sorted(set(wd_plain_listing) - set(wd_prof_listing))
-    tap.ok(not extra and not missing, f"{alloc}: {wl.name}: working directory has the same files",
+    tap.ok(not extra and not missing,
+           f"{who(alloc, mode)}: {wl.name}: working directory has the same files",
            f"only under alloclens: {extra[:20]}\nonly plain: {missing[:20]}")
 
 
@@ -539,10 +552,10 @@ def redis_ping(port):
         return False
 
 
-def redis_session(alloc, top, env):
+def redis_session(alloc, top, env, mode="full"):
     """Starts redis-server (under alloclens when ALLOC), benchmarks it, shuts it down.
     Returns a dict describing what happened."""
-    tag = alloc or "plain"
+    tag = f"{alloc}-{mode}" if alloc else "plain"
     wd = os.path.join(top, "redis", tag)
     fresh_dir(wd)
     port = free_port()
@@ -611,8 +624,8 @@ def bench_ok(r):
     return r.get("bench_status") == 0 and len(done) == 4, text
 
 
-def check_redis(alloc, plain, prof):
-    label = f"{alloc}: redis-server"
+def check_redis(alloc, mode, plain, prof):
+    label = f"{who(alloc, mode)}: redis-server"
     if not prof.get("ready"):
         tap.ok(False, f"{label}: server came up under alloclens",
                f"exit status {fmt_status(prof.get('status'))}; log:\n"
@@ -632,8 +645,8 @@ def check_redis(alloc, plain, prof):
                f"{prof['report_path']}: {rep or 'missing'}\nserver log tail (alloclens writes there too):\n"
                + prof["log"][-1500:].decode("utf-8", "replace"))
     else:
-        probs = report_problems(rep, alloc, prof["server"], prof.get("status"))
-        tap.ok(not probs, f"{label}: report names {alloc} and counts malloc-family calls",
+        probs = report_problems(rep, alloc, mode, prof["server"], prof.get("status"))
+        tap.ok(not probs, f"{label}: report names {alloc}, mode {mode}, and counts malloc-family calls",
                "\n".join(probs))
     tap.ok(prof["files"] == plain["files"], f"{label}: working directory has the same files",
            f"plain {plain['files'][:20]}, under alloclens {prof['files'][:20]}")
@@ -676,11 +689,13 @@ def main():
         if not check_baseline(wl, plain):
             continue
         for alloc in names:
-            repdir = os.path.join(reports, alloc)
-            os.makedirs(repdir, exist_ok=True)
-            prof = run_workload(wl, wd, env, alloc, repdir)
-            check_workload(wl, alloc, plain, prof, plain_listing, tree_listing(wd))
-        tap.diag(f"{wl.name}: {time.monotonic() - t0:.1f} s for the plain run and {len(names)} allocators")
+            for mode in MODES:
+                repdir = os.path.join(reports, alloc, mode)
+                os.makedirs(repdir, exist_ok=True)
+                prof = run_workload(wl, wd, mode_env(env, mode), alloc, repdir)
+                check_workload(wl, alloc, mode, plain, prof, plain_listing, tree_listing(wd))
+        tap.diag(f"{wl.name}: {time.monotonic() - t0:.1f} s for the plain run and {len(names)} "
+                 f"allocators in {len(MODES)} modes")
 
     missing = [p for p in ("redis-server", "redis-benchmark", "redis-cli") if not shutil.which(p)]
     if missing:
@@ -694,9 +709,10 @@ def main():
                   f"ready {plain.get('ready')}, exit status {fmt_status(plain.get('status'))}\n"
                   f"{text[-1000:]}\nlog:\n{plain['log'][-1500:].decode('utf-8', 'replace')}"):
             for alloc in names:
-                prof = redis_session(alloc, top, env0)
-                check_redis(alloc, plain, prof)
-                tap.diag(f"{alloc}: redis-server session {prof['seconds']:.1f} s")
+                for mode in MODES:
+                    prof = redis_session(alloc, top, mode_env(env0, mode), mode)
+                    check_redis(alloc, mode, plain, prof)
+                    tap.diag(f"{who(alloc, mode)}: redis-server session {prof['seconds']:.1f} s")
         tap.diag(f"redis-server: {time.monotonic() - t0:.1f} s")
 
     tap.diag(f"total {time.monotonic() - start:.1f} s")
