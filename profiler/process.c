@@ -21,6 +21,13 @@ static const struct al_process_hooks *hooks;
 static pid_t image_pid;
 static bool started;
 
+static void set_mode(enum al_mode m)
+{
+    _al_mode = m;
+    _al_timed = m != AL_MODE_SAMPLE;
+    _al_records = m == AL_MODE_FULL;
+}
+
 bool _al_process_initializing_here(void)
 {
     return initializing_here;
@@ -28,7 +35,9 @@ bool _al_process_initializing_here(void)
 
 /* What every call needs: the real functions, the cycle counter's cost, the shadow table and
  * the thread registry. Runs on the first call or in our constructor, whichever comes first;
- * it may come before libc has set up its environment, so it reads no settings. */
+ * it may come before libc has set up its environment, so it reads no settings but the mode,
+ * where the environment is there already (another library's constructor allocating before
+ * ours runs): the calls it counts are then counted as that mode counts them. */
 void _al_process_init(const struct al_process_hooks *h)
 {
     int expected = AL_STATE_NEW;
@@ -50,6 +59,10 @@ void _al_process_init(const struct al_process_hooks *h)
     if (_al_shadow_init() < 0)
         _al_log("cannot reserve the shadow table: every address is reported as new");
     _al_threads_init();
+    const char *mode = getenv(_al_options[AL_OPT_MODE].env);
+    for (unsigned m = 0; mode && m < AL_MODE_COUNT; m++)
+        if (strcmp(mode, _al_mode_name(m)) == 0)
+            set_mode((enum al_mode)m);
     image_pid = getpid();
     atomic_store(&_al_state, AL_STATE_READY);
     initializing_here = 0;
@@ -95,9 +108,7 @@ void _al_process_start(void)
         t->busy = 1; /* what follows may allocate: forwarded, not counted */
     _al_settings_load(&_al_settings);
     _al_large_threshold = _al_settings.large_threshold;
-    _al_mode = _al_settings.mode;
-    _al_timed = _al_mode != AL_MODE_SAMPLE;
-    _al_records = _al_mode == AL_MODE_FULL;
+    set_mode(_al_settings.mode);
     _al_sampler_init(&_al_settings);
     if (_al_timed) {
         _al_locks_init();

@@ -219,7 +219,8 @@ void _al_settings_load(struct al_settings *s);
 
 struct al_row {
     uint64_t count;  /* calls */
-    uint64_t timed;  /* calls whose cycles are in cycles/hist (all but the first of the process) */
+    uint64_t timed;  /* calls whose cycles are in cycles/hist (all but the first of the process):
+                        not kept per call, but summed from the histogram when collected */
     uint64_t cycles; /* overhead-corrected cycles, summed */
 };
 
@@ -466,7 +467,6 @@ AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles
         _al_record_first(row, cycles))
         return;
     cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
-    AL_BUMP(r->timed, 1);
     AL_BUMP(r->cycles, cycles);
     uint64_t *h = t->hist[row];
     if (AL_UNLIKELY(h == NULL))

@@ -49,6 +49,27 @@ static void read_cmdline(struct al_report *r)
     r->argv_len = cmdline_len;
 }
 
+/* --mode sample tells neither reuse nor a free's size class, and times nothing; calls counted
+ * before the mode was known (another library's constructor allocating before ours read the
+ * environment) were counted as full mode counts them, and are folded into the rows this mode
+ * has. */
+static void sample_mode_rows(struct al_report *r)
+{
+    for (unsigned i = 0; i < AL_ROWS; i++) {
+        unsigned op, large, reuse, phase;
+        _al_row_split(i, &op, &large, &reuse, &phase);
+        unsigned to = _al_row_index(op, op == AL_OP_FREE || op == AL_OP_DELETE ? 0 : large,
+                                    AL_REUSE_NA, phase);
+        r->rows[i].timed = r->rows[i].cycles = 0;
+        if (to != i) {
+            r->rows[to].count += r->rows[i].count;
+            r->rows[i].count = 0;
+        }
+    }
+    if (r->hist)
+        memset(r->hist, 0, (size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof *r->hist);
+}
+
 static void gather(struct al_report *r, bool has_status, int status)
 {
     r->pid = getpid();
@@ -70,7 +91,9 @@ static void gather(struct al_report *r, bool has_status, int status)
     r->allocator = _al_allocator;
     r->large_threshold = _al_large_threshold;
     _al_threads_collect(r->rows, r->hist, &r->threads, &r->measure);
-    if (atomic_load(&_al_first.taken)) {
+    if (!_al_timed) {
+        sample_mode_rows(r);
+    } else if (atomic_load(&_al_first.taken)) {
         r->first_excluded = true;
         r->first_row = _al_first.row;
         r->first_cycles = _al_first.cycles;

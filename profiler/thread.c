@@ -53,19 +53,24 @@ static void unlock(void)
 }
 
 /* Adds SRC's rows and histograms (one array per row, NULL for rows never timed) to DST's
- * (one flat AL_ROWS x AL_HIST_BUCKETS table). */
+ * (one flat AL_ROWS x AL_HIST_BUCKETS table, or NULL). A row's timed calls are its
+ * histogram's total: the hot path keeps no count of its own for them. */
 static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row *src, uint64_t *const *src_hist)
 {
     for (unsigned i = 0; i < AL_ROWS; i++) {
-        uint64_t timed = AL_READ(src[i].timed);
         dst[i].count += AL_READ(src[i].count);
-        dst[i].timed += timed;
         dst[i].cycles += AL_READ(src[i].cycles);
         const uint64_t *s = __atomic_load_n(&src_hist[i], __ATOMIC_ACQUIRE);
-        if (timed && dst_hist && s) {
-            uint64_t *d = dst_hist + (size_t)i * AL_HIST_BUCKETS;
-            for (unsigned b = 0; b < AL_HIST_BUCKETS; b++)
-                d[b] += AL_READ(s[b]);
+        if (!s) { /* no histogram: the registry's rows without memory for one keep the count */
+            dst[i].timed += AL_READ(src[i].timed);
+            continue;
+        }
+        uint64_t *d = dst_hist ? dst_hist + (size_t)i * AL_HIST_BUCKETS : NULL;
+        for (unsigned b = 0; b < AL_HIST_BUCKETS; b++) {
+            uint64_t n = AL_READ(s[b]);
+            dst[i].timed += n;
+            if (d)
+                d[b] += n;
         }
     }
 }

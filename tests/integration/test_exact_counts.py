@@ -68,6 +68,27 @@ def sample_view(t):
     return v
 
 
+def check_timed(tap, label, path, sample):
+    """Every call is timed but the process's first allocation (first_call), none in --mode
+    sample: a row's timed count is its count, one less in one row of first_call's op and size
+    class."""
+    with open(path) as f:
+        report = json.load(f)
+    first = report.get("first_call")
+    odd = []
+    for r in report["ops"]:
+        key = fmt_key(tuple(r[k] for k in ("op", "size_class", "reuse", "phase")))
+        missing = int(r["count"]) - int(r["timed"])
+        if sample and int(r["timed"]) != 0 or not sample and missing != 0:
+            odd.append((r, f"{key}: count {r['count']}, timed {r['timed']}"))
+    ok = not odd
+    if not sample and first:
+        ok = (len(odd) == 1 and int(odd[0][0]["count"]) - int(odd[0][0]["timed"]) == 1
+              and odd[0][0]["op"] == first["op"] and odd[0][0]["size_class"] == first["size_class"])
+    tap.ok(ok, f"{label}: no call timed" if sample else f"{label}: every call timed but the first",
+           "\n".join(d for _, d in odd[:10]) + f"\nfirst_call {first}")
+
+
 def check_program(tap, label, alloc, prog, own_ops, extra=(), prog_extra=()):
     tmp = altest.tmpdir()
     sample = "sample" in extra
@@ -84,6 +105,7 @@ def check_program(tap, label, alloc, prog, own_ops, extra=(), prog_extra=()):
     if not tap.ok(why0 is None and why1 is None, f"{label}: both runs (scale 0, 1) complete",
                   why0 or why1):
         return
+    check_timed(tap, label, os.path.join(tmp, "report.json"), sample)
     if sample:
         ops1, truth1 = sample_view(ops1), sample_view(truth1)
     tap.ok(not truth0, f"{label}: scale 0 makes no calls of its own", truth0)
