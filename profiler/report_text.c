@@ -84,7 +84,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     if (r->first_excluded) {
         unsigned op, large, reuse, phase;
         _al_row_split(r->first_row, &op, &large, &reuse, &phase);
-        _al_buf_printf(b, "(the process's first call, a %s, took %llu cycles: counted above, kept out of the times)\n",
+        _al_buf_printf(b, "(the process's first call, %s, took %llu cycles: counted above, kept out of the times)\n",
                        _al_op_name(op), (unsigned long long)r->first_cycles);
     }
     const struct al_counters_config *c = &_al_counters;

@@ -288,6 +288,12 @@ static void forget(struct sample *e, uint64_t now)
     st->live_bytes -= e->bytes;
     st->live_objects -= e->objects;
     s.live_bytes -= e->bytes;
+    /* A live sample stands for at least one object: below that, the sums hold only rounding
+     * (a site with nothing live would print as -0). */
+    if (st->live_objects < 0.5)
+        st->live_bytes = st->live_objects = 0;
+    if (s.nsamples == 1)
+        s.live_bytes = 0;
     uint64_t life = now > e->born ? now - e->born : 0;
     st->life_cycles[_al_hist_bucket(life)]++;
     st->nlife++;
