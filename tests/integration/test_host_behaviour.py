@@ -4,6 +4,8 @@
 (death by signal included) must be identical. "Plain" for a non-glibc allocator means
 LD_PRELOAD of that allocator alone, so the comparison is like for like. glibc is also run
 without the CLI ("direct": LD_PRELOAD=liballoclens.so with ALLOCLENS_OUTPUT/ALLOCLENS_TEXT).
+Every allocator is also run in --mode sample (whose entry points jump to the allocator with the
+thread not marked busy), and glibc in --mode time.
 
 Under alloclens, the main process's JSON report must be there and parse when the program
 exits normally (with program.exit_status equal to the status), the text report must be in its
@@ -115,9 +117,15 @@ def clean_env():
     return env
 
 
+def split_mode(alloc):
+    """'NAME --mode MODE' -> (NAME, MODE); a plain name runs in the default mode."""
+    name, _, mode = alloc.partition(" --mode ")
+    return name, mode or None
+
+
 def run_plain(alloc, path, argv, tmp):
     env = clean_env()
-    if alloc not in ("glibc", DIRECT):
+    if split_mode(alloc)[0] not in ("glibc", DIRECT):
         env["LD_PRELOAD"] = path
     return subprocess.run(argv, env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
 
@@ -132,7 +140,10 @@ def run_profiled(alloc, argv, tmp, default_text):
             env["ALLOCLENS_TEXT"] = txt
         return subprocess.run(argv, env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
     text = [] if default_text else ["--text", txt]
-    return subprocess.run([altest.cli(), "run", "-a", alloc, "-o", out, *text, "--", *argv],
+    name, mode = split_mode(alloc)
+    if mode:
+        env["ALLOCLENS_MODE"] = mode
+    return subprocess.run([altest.cli(), "run", "-a", name, "-o", out, *text, "--", *argv],
                           env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
 
 
@@ -290,6 +301,10 @@ def main():
         except subprocess.TimeoutExpired:
             tap.ok(False, f"{a}: first run (probe) exits 0", f"hung for {left:.0f} s")
             HANGS[a] = MAX_HANGS
+    for a in [a for a in allocs if a != DIRECT]:
+        allocs[f"{a} --mode sample"] = allocs[a]
+    if "glibc" in allocs:
+        allocs["glibc --mode time"] = allocs["glibc"]
     jobs = [(a, p, c) for a, p in allocs.items() for c in CASES]
     workers = max(2, min(8, os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
