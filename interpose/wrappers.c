@@ -1,8 +1,10 @@
 /* The exported allocation entry points, one per row of entries.def, all made by the macros
- * below. Each one is the fast path: find the thread's state, time the real call with the
- * cycle counter, count it; anything unusual (first call of a thread, a nested call, start-up)
- * goes to an out-of-line slow path. The profiler's own calls are forwarded uncounted thanks
- * to the thread's busy flag. */
+ * below. Each one finds the thread's state and, in the timed modes (full, time), jumps to its
+ * full_ path: time the real call with the cycle counter, record the object, count it. It holds
+ * --mode sample's path itself, so that one saves no register: count the call, then jump to the
+ * allocator. Anything unusual (first call of a thread, a nested call, start-up, an allocation
+ * to sample) goes to an out-of-line slow path. The profiler's own calls are forwarded
+ * uncounted thanks to the thread's busy flag. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -41,7 +43,7 @@
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t) {                                                                       \
-            if (_al_timed)                                                              \
+            if (_al_timed)                                                             \
                 return timed_##sym(t, AL_STRIP(args));                                 \
             void *r = _al_real.sym args;                                               \
             _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
@@ -56,7 +58,7 @@
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_timed))                                                       \
+        if (AL_LIKELY(_al_timed))                                                      \
             return full_##sym(t, AL_STRIP(args));                                      \
         if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
             return sampled_##sym(t, AL_STRIP(args));                                   \
@@ -94,7 +96,7 @@
             return r;                                                                  \
         }                                                                              \
         void *r = timed_re_##sym(t, AL_STRIP(args));                                   \
-        /* Failed: the old object is still the program's. */                          \
+        /* Failed: the old object is still the program's. */                           \
         if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
             if (had)                                                                   \
                 _al_waste_restore(t, p, &undo);                                        \
@@ -144,7 +146,7 @@
         t->busy = 1;                                                                   \
         timed_##sym(t, AL_STRIP(args));                                                \
     }                                                                                  \
-    /* --mode sample: the object may be a sampled one. */                             \
+    /* --mode sample: the object may be a sampled one. */                              \
     static AL_NOINLINE void counted_##sym(struct al_thread *t, AL_STRIP(params))       \
     {                                                                                  \
         if (p && (_al_shadow_flags(p) & AL_SHADOW_SAMPLED))                            \
@@ -155,7 +157,7 @@
     static AL_NOINLINE void slow_##sym params                                          \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
-        if (t && _al_timed)                                                             \
+        if (t && _al_timed)                                                            \
             timed_##sym(t, AL_STRIP(args));                                            \
         else if (t)                                                                    \
             counted_##sym(t, AL_STRIP(args));                                          \
@@ -171,7 +173,7 @@
             slow_##sym args;                                                           \
             return;                                                                    \
         }                                                                              \
-        if (AL_LIKELY(_al_timed)) {                                                     \
+        if (AL_LIKELY(_al_timed)) {                                                    \
             full_##sym(t, AL_STRIP(args));                                             \
             return;                                                                    \
         }                                                                              \
@@ -195,13 +197,13 @@
                                                                  AL_STRIP(params))     \
     {                                                                                  \
         unsigned large = (size) >= _al_large_threshold;                                \
-        bool counted = _al_timed && _al_call_begin(t, AL_OP_##op, large);               \
+        bool counted = _al_timed && _al_call_begin(t, AL_OP_##op, large);              \
         uint64_t c0 = _al_tsc();                                                       \
         int rc = _al_real.sym args;                                                    \
         uint64_t c1 = _al_tsc();                                                       \
-        if (_al_timed)                                                                  \
+        if (_al_timed)                                                                 \
             _al_call_end(t, AL_OP_##op, counted);                                      \
-        if (AL_UNLIKELY(!_al_timed))                                                    \
+        if (AL_UNLIKELY(!_al_timed))                                                   \
             _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);             \
         else                                                                           \
             _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
