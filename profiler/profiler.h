@@ -79,8 +79,9 @@ AL_INLINE unsigned _al_hist_bucket(uint64_t v)
     unsigned e = 63u - (unsigned)__builtin_clzll(v);
     if (AL_UNLIKELY(e >= AL_HIST_MAX_EXP))
         return AL_HIST_BUCKETS - 1;
-    unsigned m = (unsigned)(v >> (e - AL_HIST_SUB_BITS)) & (AL_HIST_SUB - 1);
-    return AL_HIST_SUB + (e - AL_HIST_SUB_BITS) * AL_HIST_SUB + m;
+    /* v's top AL_HIST_SUB_BITS + 1 bits: the leading 1 stands for the AL_HIST_SUB exact
+     * buckets below, the rest pick the sub-bucket. */
+    return (e - AL_HIST_SUB_BITS) * AL_HIST_SUB + (unsigned)(v >> (e - AL_HIST_SUB_BITS));
 }
 
 uint64_t _al_hist_bucket_low(unsigned b);
