@@ -530,9 +530,12 @@ static inline uint64_t read_one(struct al_thread_counters *c, unsigned i)
     uint64_t v;
     if (c->page[i] && _al_counter_read_rdpmc(c->page[i], &v) == 0)
         return v;
-    if (_al_counter_read_fd(c->fd[i], &v) == 0)
-        return v;
-    return READ_FAILED;
+    /* Inside the program's allocator call: a cancel acted on in read(2) would leave the
+     * thread marked busy while its cleanup handlers run. */
+    int cancel = _al_nocancel_begin();
+    int rc = _al_counter_read_fd(c->fd[i], &v);
+    _al_nocancel_end(cancel);
+    return rc == 0 ? v : READ_FAILED;
 }
 
 void _al_counters_before(struct al_thread_counters *c)

@@ -72,7 +72,10 @@ AL_NOINLINE void _al_heap_discover(uint64_t a)
     uint64_t page = a & ~(uint64_t)4095;
     static char buf[16384]; /* under discover_lock */
     struct containing c = { a, 0, 0 };
-    if (_al_maps_each(buf, sizeof buf, holds, &c)) {
+    int cancel = _al_nocancel_begin();
+    bool found = _al_maps_each(buf, sizeof buf, holds, &c);
+    _al_nocancel_end(cancel);
+    if (found) {
         _al_shadow_heap_set(c.start, c.end, true);
         atomic_fetch_add_explicit(&discovered, 1, memory_order_relaxed);
     } else {

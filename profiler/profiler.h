@@ -6,6 +6,7 @@
 #ifndef ALLOCLENS_PROFILER_H
 #define ALLOCLENS_PROFILER_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -124,6 +125,23 @@ size_t _al_mem_footprint(void);   /* bytes the profiler holds mapped */
 AL_INLINE void _al_mem_touch(void *p)
 {
     __atomic_fetch_add((unsigned char *)p, 0, __ATOMIC_RELAXED);
+}
+
+/* The rare paths read /proc files and counters with read(2), a cancellation point, some of
+ * them holding one of the profiler's locks: a pthread_cancel acted on there would leave the
+ * lock held for good, and the next thread to want it (the report at exit, at the latest)
+ * waiting forever. They run with cancellation disabled; a cancel that comes meanwhile is
+ * acted on at the program's next cancellation point, as it would be without us. */
+AL_INLINE int _al_nocancel_begin(void)
+{
+    int old = PTHREAD_CANCEL_ENABLE;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+    return old;
+}
+
+AL_INLINE void _al_nocancel_end(int old)
+{
+    pthread_setcancelstate(old, NULL);
 }
 
 /* ---- log.c: one capped, non-allocating writer for warnings --------------------------------- */

@@ -374,8 +374,9 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p);
  * and the unwinder or the pagemap must not leave theirs behind. */
 AL_NOINLINE void _al_sample_alloc(struct al_thread *t, size_t size, void *p)
 {
-    int saved = errno;
+    int saved = errno, cancel = _al_nocancel_begin();
     sample_alloc(t, size, p);
+    _al_nocancel_end(cancel);
     errno = saved;
 }
 
@@ -424,7 +425,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
 
 AL_NOINLINE void _al_sample_free(const void *p)
 {
-    int saved = errno;
+    int saved = errno, cancel = _al_nocancel_begin();
     uint64_t now = _al_tsc();
     lock();
     struct sample *e = find((uintptr_t)p);
@@ -433,6 +434,7 @@ AL_NOINLINE void _al_sample_free(const void *p)
     if (e)
         forget(e, now);
     unlock();
+    _al_nocancel_end(cancel);
     errno = saved;
 }
 

@@ -290,11 +290,8 @@ static void take(struct al_waste_snapshot *s)
 /* The process's resident size is the cheap first look (one read of /proc/self/statm): the
  * heap cannot have grown by a step unless it grew by one. Then the heap itself is measured,
  * and a snapshot taken only if it passed the peak by a step. */
-AL_NOINLINE void _al_waste_check(struct al_thread *t)
+static void check_footprint(void)
 {
-    t->snap_countdown = AL_SNAP_CHECK_BYTES;
-    if (!_al_waste.enabled)
-        return;
     uint64_t rss = rss_now();
     if (rss < __atomic_load_n(&snap.next_rss, __ATOMIC_RELAXED))
         return;
@@ -310,6 +307,16 @@ AL_NOINLINE void _al_waste_check(struct al_thread *t)
         snap.taken++;
     }
     atomic_store_explicit(&snap.lock, 0, memory_order_release);
+}
+
+AL_NOINLINE void _al_waste_check(struct al_thread *t)
+{
+    t->snap_countdown = AL_SNAP_CHECK_BYTES;
+    if (!_al_waste.enabled)
+        return;
+    int cancel = _al_nocancel_begin();
+    check_footprint();
+    _al_nocancel_end(cancel);
 }
 
 void _al_waste_final(void)

@@ -93,6 +93,7 @@ CASES = [
     case("3320 short-lived threads", "host_threads", ["many"]),
     case("pthread_key destructors allocate at thread exit", "host_threads", ["keydtor"]),
     case("pthread_cancel threads that allocate", "host_threads", ["cancel"]),
+    case("a cancel pending while the thread allocates", "host_threads", ["cancel-pending"]),
     case("as many pthread keys as plain", "host_threads", ["keys"]),
     case("threads with the smallest stack; exit from one", "host_threads", ["smallstack"]),
     case("exec from a thread with the smallest stack", "host_threads",

@@ -8,6 +8,13 @@
  *            thread's own code has ended), over several destructor rounds
  *   cancel   16 threads allocating in a loop with a cancellation point are cancelled and
  *            joined; their cleanup handlers free what they hold
+ *   cancel-pending  a thread with a cancel pending makes 64 allocations of 4 MiB (each sampled
+ *            all but certainly, at the default rate) and only then reaches a cancellation
+ *            point: a profiler whose allocation path reads a file or a pipe (libunwind checks
+ *            addresses through one) must not be cancelled there, holding its locks. The same
+ *            allocations are made and freed once before the cancel, so the allocator has the
+ *            memory already: tcmalloc's own growth path walks the stack with libunwind too, and
+ *            would be cancelled inside malloc without any profiler
  *   keys     creates pthread keys until none is left and prints how many it got: a profiler
  *            that takes keys for itself takes them from the program
  *   smallstack  8 threads with the smallest stack allowed (PTHREAD_STACK_MIN) allocate, then
@@ -151,6 +158,51 @@ static int cancel(void)
     return cancelled == 16 ? 0 : 1;
 }
 
+static atomic_int pending_ready, pending_sent, pending_made;
+
+static void *pending(void *arg)
+{
+    (void)arg;
+    void *held[64] = { 0 };
+    pthread_cleanup_push(cleanup, &held[0]);
+    for (int i = 0; i < 64; i++)
+        if (!(held[i] = malloc(4u << 20)))
+            exit(91);
+    for (int i = 0; i < 64; i++)
+        free(held[i]);
+    atomic_store(&pending_ready, 1);
+    while (!atomic_load(&pending_sent))
+        ; /* no cancellation point: the cancel stays pending */
+    for (int i = 0; i < 64; i++) {
+        held[i] = malloc(4u << 20);
+        if (!held[i])
+            exit(91);
+        ((volatile char *)held[i])[i * 4096] = 1;
+        atomic_store(&pending_made, i + 1);
+    }
+    for (int i = 1; i < 64; i++)
+        free(held[i]);
+    pthread_testcancel();
+    pthread_cleanup_pop(1);
+    return NULL;
+}
+
+static int cancel_pending(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, pending, NULL);
+    while (!atomic_load(&pending_ready))
+        usleep(100);
+    pthread_cancel(t);
+    atomic_store(&pending_sent, 1);
+    void *r;
+    pthread_join(t, &r);
+    /* malloc is no cancellation point: all 64 are made before the thread is cancelled. */
+    printf("cancel-pending: %s after %d allocations\n",
+           r == PTHREAD_CANCELED ? "cancelled" : "not cancelled", atomic_load(&pending_made));
+    return r == PTHREAD_CANCELED && atomic_load(&pending_made) == 64 ? 0 : 1;
+}
+
 static int keys(void)
 {
     static pthread_key_t k[4096];
@@ -228,6 +280,8 @@ int main(int argc, char **argv)
         return keydtor();
     if (!strcmp(mode, "cancel"))
         return cancel();
+    if (!strcmp(mode, "cancel-pending"))
+        return cancel_pending();
     if (!strcmp(mode, "keys"))
         return keys();
     if (!strcmp(mode, "smallstack"))
