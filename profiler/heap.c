@@ -67,7 +67,7 @@ static bool holds(const struct al_map *m, void *arg)
 
 AL_NOINLINE void _al_heap_discover(uint64_t a)
 {
-    if (atomic_exchange_explicit(&discover_lock, 1, memory_order_acquire))
+    if (!_al_spin_trylock(&discover_lock))
         return; /* another thread is reading the maps: this object's page is found next time */
     uint64_t page = a & ~(uint64_t)4095;
     static char buf[16384]; /* under discover_lock */
@@ -81,7 +81,7 @@ AL_NOINLINE void _al_heap_discover(uint64_t a)
     } else {
         _al_shadow_heap_set(page, page + 4096, true);
     }
-    atomic_store_explicit(&discover_lock, 0, memory_order_release);
+    _al_spin_unlock(&discover_lock);
 }
 
 uint64_t _al_heap_discovered(void)

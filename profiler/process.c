@@ -76,14 +76,14 @@ static void on_exit_report(int status, void *arg)
 
 static void atfork_prepare(void)
 {
-    _al_sampler_atfork_prepare();
+    _al_sampler_lock();
     _al_threads_atfork_prepare();
 }
 
 static void atfork_parent(void)
 {
     _al_threads_atfork_parent();
-    _al_sampler_atfork_parent();
+    _al_sampler_unlock();
 }
 
 static void atfork_child(void)

@@ -18,7 +18,6 @@
 #include <link.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -64,13 +63,12 @@ static struct {
 
 static void lock(void)
 {
-    for (unsigned n = 0; atomic_exchange_explicit(&s.lock, 1, memory_order_acquire); n++)
-        n > 64 ? sched_yield() : __builtin_ia32_pause();
+    _al_spin_lock(&s.lock);
 }
 
 static void unlock(void)
 {
-    atomic_store_explicit(&s.lock, 0, memory_order_release);
+    _al_spin_unlock(&s.lock);
 }
 
 /* ---- random draws -------------------------------------------------------------------------- */
@@ -146,16 +144,6 @@ void _al_sampler_init(const struct al_settings *set)
     }
     dl_iterate_phdr(find_self, (void *)(uintptr_t)_al_sampler_init);
     _al_sampler.enabled = true;
-}
-
-void _al_sampler_atfork_prepare(void)
-{
-    lock();
-}
-
-void _al_sampler_atfork_parent(void)
-{
-    unlock();
 }
 
 void _al_sampler_atfork_child(void)

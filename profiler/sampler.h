@@ -67,8 +67,6 @@ void _al_sample_free(const void *p);
 void _al_sampler_collect(struct al_sampler_totals *tot);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
-void _al_sampler_atfork_prepare(void);
-void _al_sampler_atfork_parent(void);
 void _al_sampler_atfork_child(void);
 
 /* report_sites.c */

@@ -7,7 +7,6 @@
  * zeroed and reused, so a program that starts a million short threads does not grow us.
  */
 #include <pthread.h>
-#include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -39,17 +38,12 @@ static struct {
 
 static void lock(void)
 {
-    for (unsigned spins = 0; atomic_exchange_explicit(&reg.lock, 1, memory_order_acquire); spins++) {
-        if (spins > 64)
-            sched_yield();
-        else
-            __builtin_ia32_pause();
-    }
+    _al_spin_lock(&reg.lock);
 }
 
 static void unlock(void)
 {
-    atomic_store_explicit(&reg.lock, 0, memory_order_release);
+    _al_spin_unlock(&reg.lock);
 }
 
 /* Adds SRC's rows and histograms (one array per row, NULL for rows never timed) to DST's

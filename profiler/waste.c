@@ -295,7 +295,7 @@ static void check_footprint(void)
     uint64_t rss = rss_now();
     if (rss < __atomic_load_n(&snap.next_rss, __ATOMIC_RELAXED))
         return;
-    if (atomic_exchange_explicit(&snap.lock, 1, memory_order_acquire))
+    if (!_al_spin_trylock(&snap.lock))
         return; /* another thread is taking one */
     uint64_t total = _al_heap_resident();
     /* The heap cannot pass the mark before the process grows by what it lacks. */
@@ -306,7 +306,7 @@ static void check_footprint(void)
         take(&_al_waste.peak); /* every snapshot the rule takes is the new peak */
         snap.taken++;
     }
-    atomic_store_explicit(&snap.lock, 0, memory_order_release);
+    _al_spin_unlock(&snap.lock);
 }
 
 AL_NOINLINE void _al_waste_check(struct al_thread *t)
@@ -323,8 +323,7 @@ void _al_waste_final(void)
 {
     if (!_al_waste.enabled)
         return;
-    while (atomic_exchange_explicit(&snap.lock, 1, memory_order_acquire))
-        __builtin_ia32_pause();
+    _al_spin_lock(&snap.lock);
     struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
     take(&s);
     _al_waste.final = s;
@@ -338,7 +337,7 @@ void _al_waste_final(void)
         _al_waste.peak.cls = keep;
     }
     _al_waste.snapshots = snap.taken;
-    atomic_store_explicit(&snap.lock, 0, memory_order_release);
+    _al_spin_unlock(&snap.lock);
 }
 
 /* A forked child measures its own peak from now on (its heap is the parent's, still live). */
