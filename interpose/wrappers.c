@@ -1,17 +1,22 @@
 /* The exported allocation entry points, one per row of entries.def, all made by the macros
- * below. Each one finds the thread's state and, in the timed modes (full, time), jumps to its
- * full_ path: time the real call with the cycle counter, record the object, count it. It holds
- * --mode sample's path itself, so that one saves no register: count the call, then jump to the
- * allocator. Anything unusual (first call of a thread, a nested call, start-up, an allocation
- * to sample) goes to an out-of-line slow path. The profiler's own calls are forwarded
- * uncounted thanks to the thread's busy flag. */
+ * below, every kind laid out alike:
+ *   timed_   the timed modes (full, time): time the real call with the cycle counter, record
+ *            the object, count it (inline in full_ and slow_);
+ *   full_    the thread marked busy, then timed_: where the export jumps in the timed modes;
+ *   counted_ --mode sample with the thread marked busy: forget a sampled object, make the
+ *            call, count it (and sample it);
+ *   slow_    anything unusual: first call of a thread, a nested call, start-up;
+ *   export   finds the thread's state and picks one of the above. It holds --mode sample's
+ *            commonest paths itself (malloc-like calls and frees), so that those save no
+ *            register: count the call, then jump to the allocator.
+ * The profiler's own calls are forwarded uncounted thanks to the thread's busy flag. */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "interpose.h"
 
-#define TIMED_ALLOC(op, name, sym, params, args, size)                                 \
-    static inline __attribute__((always_inline)) void *timed_##name(struct al_thread *t, \
+#define WRAP_ALLOC(op, sym, params, args, size, target)                                \
+    static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
     {                                                                                  \
         unsigned large = (size) >= _al_large_threshold;                                \
@@ -22,15 +27,13 @@
         _al_call_end(t, AL_OP_##op, counted);                                          \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
-    }
-
-#define WRAP_ALLOC(op, sym, params, args, size, target)                                \
-    TIMED_ALLOC(op, sym, sym, params, args, size)                                      \
+    }                                                                                  \
     static AL_NOINLINE void *full_##sym(struct al_thread *t, AL_STRIP(params))         \
     {                                                                                  \
         t->busy = 1;                                                                   \
         return timed_##sym(t, AL_STRIP(args));                                         \
     }                                                                                  \
+    /* --mode sample, the call already counted: this allocation is the one to sample. */ \
     static AL_NOINLINE void *sampled_##sym(struct al_thread *t, AL_STRIP(params))      \
     {                                                                                  \
         t->busy = 1;                                                                   \
@@ -73,29 +76,21 @@
 /* An object given to realloc is retired (and forgotten by the sampler) first: once the
  * allocator has the address back another thread may get it, and record or sample it. */
 #define WRAP_REALLOC(op, sym, params, args, size, target)                              \
-    TIMED_ALLOC(op, re_##sym, sym, params, args, size)                                 \
     static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
     {                                                                                  \
         struct al_waste_undo undo;                                                     \
         unsigned had = 0, was_large = 0;                                               \
-        if (AL_LIKELY(_al_records) && p) {                                             \
-            unsigned flags = _al_shadow_flags(p);                                      \
-            if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))                                \
-                _al_sample_free(p);                                                    \
-            if (flags & AL_SHADOW_LIVE)                                                \
-                had = _al_waste_retire(t, p, &undo);                                   \
-        } else if (_al_timed && p) {                                                   \
+        if (AL_LIKELY(_al_records) && p)                                               \
+            had = _al_waste_free(t, p, &undo);                                         \
+        else if (p)                                                                    \
             was_large = _al_mark_free(p);                                              \
-        } else if (!_al_timed) {                                                       \
-            if (AL_UNLIKELY(p && _al_sample_page_maybe(p) &&                           \
-                            (_al_shadow_flags(p) & AL_SHADOW_SAMPLED)))                \
-                _al_sample_free(p);                                                    \
-            void *r = _al_real.sym args;                                               \
-            _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
-            return r;                                                                  \
-        }                                                                              \
-        void *r = timed_re_##sym(t, AL_STRIP(args));                                   \
+        unsigned large = (size) >= _al_large_threshold;                                \
+        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
+        uint64_t c0 = _al_tsc();                                                       \
+        void *r = _al_real.sym args;                                                   \
+        uint64_t c1 = _al_tsc();                                                       \
+        _al_call_end(t, AL_OP_##op, counted);                                          \
         /* Failed: the old object is still the program's. */                           \
         if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
             if (had)                                                                   \
@@ -103,6 +98,19 @@
             else                                                                       \
                 _al_mark_alloc(p, 1);                                                  \
         }                                                                              \
+        _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
+        return r;                                                                      \
+    }                                                                                  \
+    static AL_NOINLINE void *full_##sym(struct al_thread *t, AL_STRIP(params))         \
+    {                                                                                  \
+        t->busy = 1;                                                                   \
+        return timed_##sym(t, AL_STRIP(args));                                         \
+    }                                                                                  \
+    static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
+    {                                                                                  \
+        _al_sample_forget(p);                                                          \
+        void *r = _al_real.sym args;                                                   \
+        _al_count_alloc(t, AL_OP_##op, (size), r);                                     \
         return r;                                                                      \
     }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
@@ -111,19 +119,20 @@
             return _al_bootstrap_realloc(p, (size));                                   \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return timed_##sym(t, AL_STRIP(args));                                     \
+            return _al_timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
-        void *r = _al_bootstrap_alloc(size);                                           \
-        return r;                                                                      \
+        return _al_bootstrap_alloc(size);                                              \
     }                                                                                  \
     AL_EXPORT void *sym params                                                         \
     {                                                                                  \
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy || _al_bootstrap_owns(p)))                       \
             return slow_##sym args;                                                    \
+        if (AL_LIKELY(_al_timed))                                                      \
+            return full_##sym(t, AL_STRIP(args));                                      \
         t->busy = 1;                                                                   \
-        return timed_##sym(t, AL_STRIP(args));                                         \
+        return counted_##sym(t, AL_STRIP(args));                                       \
     }
 
 /* A freed object's record is retired before the real free: once the allocator has the address
@@ -132,7 +141,7 @@
     static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
                                                                   AL_STRIP(params))    \
     {                                                                                  \
-        unsigned large = !p ? 0 : AL_LIKELY(_al_records) ? _al_waste_free(t, p)        \
+        unsigned large = !p ? 0 : AL_LIKELY(_al_records) ? _al_waste_free(t, p, NULL) & 1 \
                                                          : _al_mark_free(p);           \
         bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
@@ -146,11 +155,9 @@
         t->busy = 1;                                                                   \
         timed_##sym(t, AL_STRIP(args));                                                \
     }                                                                                  \
-    /* --mode sample: the object may be a sampled one. */                              \
     static AL_NOINLINE void counted_##sym(struct al_thread *t, AL_STRIP(params))       \
     {                                                                                  \
-        if (p && (_al_shadow_flags(p) & AL_SHADOW_SAMPLED))                            \
-            _al_sample_free(p);                                                        \
+        _al_sample_forget(p);                                                          \
         _al_real.sym args;                                                             \
         _al_count_free(t, AL_OP_##op);                                                 \
     }                                                                                  \
@@ -177,6 +184,7 @@
             full_##sym(t, AL_STRIP(args));                                             \
             return;                                                                    \
         }                                                                              \
+        /* --mode sample: a page that holds a sampled object takes the busy path. */   \
         if (AL_UNLIKELY(p && _al_sample_page_maybe(p))) {                              \
             t->busy = 1;                                                               \
             counted_##sym(t, AL_STRIP(args));                                          \
@@ -197,23 +205,30 @@
                                                                  AL_STRIP(params))     \
     {                                                                                  \
         unsigned large = (size) >= _al_large_threshold;                                \
-        bool counted = _al_timed && _al_call_begin(t, AL_OP_##op, large);              \
+        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
         uint64_t c0 = _al_tsc();                                                       \
         int rc = _al_real.sym args;                                                    \
         uint64_t c1 = _al_tsc();                                                       \
-        if (_al_timed)                                                                 \
-            _al_call_end(t, AL_OP_##op, counted);                                      \
-        if (AL_UNLIKELY(!_al_timed))                                                   \
-            _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);             \
-        else                                                                           \
-            _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
+        _al_call_end(t, AL_OP_##op, counted);                                          \
+        _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
+        return rc;                                                                     \
+    }                                                                                  \
+    static AL_NOINLINE int full_##sym(struct al_thread *t, AL_STRIP(params))           \
+    {                                                                                  \
+        t->busy = 1;                                                                   \
+        return timed_##sym(t, AL_STRIP(args));                                         \
+    }                                                                                  \
+    static AL_NOINLINE int counted_##sym(struct al_thread *t, AL_STRIP(params))        \
+    {                                                                                  \
+        int rc = _al_real.sym args;                                                    \
+        _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);                 \
         return rc;                                                                     \
     }                                                                                  \
     static AL_NOINLINE int slow_##sym params                                           \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return timed_##sym(t, AL_STRIP(args));                                     \
+            return _al_timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return ENOMEM;                                                                 \
@@ -223,17 +238,18 @@
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
+        if (AL_LIKELY(_al_timed))                                                      \
+            return full_##sym(t, AL_STRIP(args));                                      \
         t->busy = 1;                                                                   \
-        return timed_##sym(t, AL_STRIP(args));                                         \
+        return counted_##sym(t, AL_STRIP(args));                                       \
     }
 
-/* --mode sample: which targets may be jumped to with the thread not marked busy, because they
- * never call back into an interposed function. The allocators' own operators may: jemalloc's
+/* --mode sample: which malloc-like and free targets may be jumped to with the thread not
+ * marked busy, because they never call back into an interposed function. The allocators' own operators may: jemalloc's
  * operator delete calls free through its PLT, which is us. Ours built on the C++ runtime's
  * operator new call back into malloc when the allocator fails. */
 #define AL_TAIL_NEXT 1
 #define AL_TAIL_OWN_OR_PVALLOC 0
-#define AL_TAIL_OWN_OR_REALLOCARRAY 0
 #define AL_TAIL_OWN_OR_FREE 0
 #define AL_TAIL_OWN_NEW 0
 #define AL_TAIL_OWN_NEW_ALIGNED 0

@@ -92,6 +92,8 @@ uint64_t _al_hist_bucket_high(unsigned b);
  * bucket holding the ceil(q*n)-th smallest sample; 0 for an empty histogram. */
 uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q);
 
+#include "sampler.h"
+
 /* ---- tsc.c: cycle counter, its own cost, conversion to ns ---------------------------------- */
 
 AL_INLINE uint64_t _al_tsc(void)
@@ -426,10 +428,8 @@ void _al_waste_thread_init(struct al_thread *t);
 void _al_waste_thread_retire(struct al_thread *t);
 unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
                               unsigned large, bool maybe_odd);
-/* Retires the object at p before the allocator gets it back: 0 where it had no record, else
- * 2 | large. UNDO (may be NULL) keeps what realloc needs to put it back if it fails. */
-unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *undo);
-/* The accounting half of a retire, for the object O whose record was just ended at p. */
+/* The accounting half of _al_waste_free for the objects its inline path leaves out (large,
+ * odd, no class table), O being the record just ended at p: 2 | large. */
 unsigned _al_waste_count_free(struct al_thread *t, void *p, const struct al_shadow_object *o,
                               struct al_waste_undo *undo);
 void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo *u);
@@ -557,9 +557,6 @@ void _al_locks_init(void);
 extern bool _al_timed, _al_records;
 extern enum al_mode _al_mode;
 
-void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
-void _al_sample_free(const void *p);
-
 /* The sampler's hot path: one subtraction, one branch (sampler.c has the rest). */
 AL_INLINE void _al_sample_countdown(struct al_thread *t, size_t size, void *p)
 {
@@ -588,10 +585,13 @@ AL_INLINE void _al_waste_countback(struct al_thread *t, uint64_t req)
         t->snap_countdown = AL_SNAP_CHECK_BYTES;
 }
 
-/* The object at p is about to be freed: its record retired, its class row and blowup counted
- * (sampled objects forgotten by the sampler first). Returns whether it was a large object.
- * The common case, an object whose class the table tells, is counted without a call. */
-AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p)
+/* The object at p is about to be freed (or moved by realloc): its record retired, its class
+ * row and blowup counted (sampled objects forgotten by the sampler first), before the
+ * allocator has the address back and another thread may be handed it. Returns 0 where it had
+ * no record, else 2 | large; UNDO (may be NULL) keeps what realloc needs to put it back if
+ * the call fails. The common case, an object whose class the table tells, is counted without
+ * a call. */
+AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_undo *undo)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region(a);
@@ -601,20 +601,20 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p)
     if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))
         _al_sample_free(p);
     struct al_shadow_object o;
-    if (!(flags & AL_SHADOW_LIVE) || AL_UNLIKELY(!t->cls) || !_al_shadow_object_end(r, a, &o))
+    if (AL_UNLIKELY(!t->cls) || !_al_shadow_object_end(r, a, &o)) /* not live: no record */
         return 0;
     if (AL_UNLIKELY((o.requested >= _al_large_threshold) | o.odd | !_al_waste.has_table))
-        return _al_waste_count_free(t, p, &o, NULL) & 1;
+        return _al_waste_count_free(t, p, &o, undo);
     uint32_t slot = _al_class_index(&_al_waste.table, o.requested);
-    int64_t *row = t->cls[slot];
+    int64_t *row = t->cls[slot], bytes = (int64_t)_al_waste.table.classes[slot];
     _al_waste_countback(t, o.requested);
     AL_BUMP(row[AL_CLS_OBJECTS], -1);
     AL_BUMP(row[AL_CLS_REQUESTED], -(int64_t)o.requested);
-    _al_waste_raise_blowup(row, slot, (int64_t)_al_waste.table.classes[slot]);
-    return 0;
+    _al_waste_raise_blowup(row, slot, bytes);
+    if (undo)
+        *undo = (struct al_waste_undo){ .requested = o.requested, .slot = slot, .bytes = bytes };
+    return 2;
 }
-
-#include "sampler.h"
 
 /* --mode time: whether the address was returned before, and the mark a large object leaves
  * for its free. An allocation clears a mark left at its address by a large object freed
@@ -641,9 +641,7 @@ AL_INLINE unsigned _al_mark_free(void *p)
     struct al_shadow_region *r = _al_shadow_region(a);
     if (AL_UNLIKELY(r == NULL))
         return 0;
-    if (AL_UNLIKELY(_al_sample_page_maybe(p)) &&
-        (__atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED) & AL_SHADOW_SAMPLED))
-        _al_sample_free(p);
+    _al_sample_forget(p);
     return _al_shadow_take_large(r, a);
 }
 
@@ -673,26 +671,11 @@ AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large,
 }
 
 /* --mode sample: a count per row (no timing, no address tracking: reuse is n/a, and a free's
- * size class is not known), and the sampler. */
-AL_INLINE void _al_count_alloc(struct al_thread *t, unsigned op, size_t size, void *p)
-{
-    unsigned row = _al_row_index(op, size >= _al_large_threshold, AL_REUSE_NA, _al_phase_now());
-    AL_BUMP(t->rows[row].count, 1);
-    _al_sample_countdown(t, size, p);
-    t->busy = 0;
-}
-
-AL_INLINE void _al_count_free(struct al_thread *t, unsigned op)
-{
-    unsigned row = _al_row_index(op, 0, AL_REUSE_NA, _al_phase_now());
-    AL_BUMP(t->rows[row].count, 1);
-    t->busy = 0;
-}
-
-/* The same, before the call, so the wrapper can jump to the allocator and leave it to return
- * to the program: the thread is not marked busy, which is safe only for targets that never
- * call back into an interposed function. False when this allocation is the one to sample:
- * the caller then makes the call on a slow path with the thread busy, and samples it. */
+ * size class is not known), and the sampler's countdown. Counted before the call, so the
+ * wrapper can jump to the allocator and leave it to return to the program: the thread is not
+ * marked busy, which is safe only for targets that never call back into an interposed
+ * function. False when this allocation is the one to sample: the caller then makes the call
+ * with the thread busy, and samples it. */
 AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t size)
 {
     unsigned row = _al_row_index(op, size >= _al_large_threshold, AL_REUSE_NA, _al_phase_now());
@@ -705,6 +688,20 @@ AL_INLINE void _al_count_free_first(struct al_thread *t, unsigned op)
 {
     unsigned row = _al_row_index(op, 0, AL_REUSE_NA, _al_phase_now());
     AL_BUMP(t->rows[row].count, 1);
+}
+
+/* The same after the call, with the thread busy: ends the call. */
+AL_INLINE void _al_count_alloc(struct al_thread *t, unsigned op, size_t size, void *p)
+{
+    if (AL_UNLIKELY(!_al_count_alloc_first(t, op, size)))
+        _al_sample_alloc(t, size, p);
+    t->busy = 0;
+}
+
+AL_INLINE void _al_count_free(struct al_thread *t, unsigned op)
+{
+    _al_count_free_first(t, op);
+    t->busy = 0;
 }
 
 /* ---- process.c: start-up, fork, exec and exit ---------------------------------------------- */

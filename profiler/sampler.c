@@ -9,8 +9,9 @@
  * and Z/p bytes: each sample is unbiased first, then summed per call site.
  *
  * The hot path is one subtraction and one branch (in profiler.h); a free tests a mark in the
- * shadow table, in the word it reads anyway for the object's size class. Everything else
- * happens under one lock, only for sampled objects.
+ * shadow table: in full mode in the byte it reads anyway for the object's record, in the other
+ * modes only on a page that holds a live sample (sampler.h). Everything else happens under
+ * one lock, only for sampled objects.
  */
 #include <dlfcn.h>
 #include <errno.h>

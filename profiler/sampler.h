@@ -45,8 +45,8 @@ struct al_sampler_totals {
 
 extern struct al_sampler _al_sampler;
 
-/* Live samples per hashed page: a free in --mode sample looks here (4 KiB, in cache) before it
- * looks for the object's mark in the shadow table. */
+/* Live samples per hashed page: a free or realloc in --mode time and --mode sample looks here
+ * (4 KiB, in cache) before it looks for the object's mark in the shadow table. */
 #define AL_SAMPLE_PAGES 4096
 extern uint8_t _al_sample_pages[AL_SAMPLE_PAGES];
 
@@ -60,10 +60,20 @@ static inline __attribute__((always_inline)) bool _al_sample_page_maybe(const vo
     return __atomic_load_n(&_al_sample_pages[_al_sample_page(p)], __ATOMIC_RELAXED) != 0;
 }
 
-void _al_sampler_init(const struct al_settings *s);
-void _al_sampler_thread_init(struct al_thread *t);
 void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
 void _al_sample_free(const void *p);
+
+/* p is being freed or moved: forgotten by the sampler if it is a live sample. Only a page that
+ * holds one costs a look at the shadow table. (Full mode reads the mark in the byte it reads
+ * anyway for the object's record.) */
+static inline __attribute__((always_inline)) void _al_sample_forget(const void *p)
+{
+    if (__builtin_expect(p && _al_sample_page_maybe(p), 0) && (_al_shadow_flags(p) & AL_SHADOW_SAMPLED))
+        _al_sample_free(p);
+}
+
+void _al_sampler_init(const struct al_settings *s);
+void _al_sampler_thread_init(struct al_thread *t);
 void _al_sampler_collect(struct al_sampler_totals *tot);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);

@@ -210,16 +210,6 @@ AL_NOINLINE unsigned _al_waste_count_free(struct al_thread *t, void *p, const st
     return large | 2u;
 }
 
-unsigned _al_waste_retire(struct al_thread *t, void *p, struct al_waste_undo *undo)
-{
-    uint64_t a = (uint64_t)(uintptr_t)p;
-    struct al_shadow_region *r = _al_shadow_region(a);
-    struct al_shadow_object o;
-    if (!r || !t->cls || !_al_shadow_object_end(r, a, &o))
-        return 0;
-    return _al_waste_count_free(t, p, &o, undo);
-}
-
 void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo *u)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
