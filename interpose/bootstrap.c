@@ -10,7 +10,6 @@
 
 #include "interpose.h"
 
-#define POOL_SIZE (64 * 1024)
 #define ALIGN 16
 
 struct pool_header {
@@ -18,17 +17,16 @@ struct pool_header {
     size_t pad;
 };
 
-char _al_bootstrap_pool[POOL_SIZE] __attribute__((aligned(ALIGN)));
-const size_t _al_bootstrap_pool_size = POOL_SIZE;
+char _al_bootstrap_pool[AL_BOOTSTRAP_POOL_SIZE] __attribute__((aligned(ALIGN)));
 static _Atomic size_t pool_used;
 
 void *_al_bootstrap_alloc(size_t size)
 {
     size_t need = sizeof(struct pool_header) + ((size + ALIGN - 1) & ~(size_t)(ALIGN - 1));
-    if (size > POOL_SIZE)
-        need = POOL_SIZE + 1;
+    if (size > AL_BOOTSTRAP_POOL_SIZE)
+        need = AL_BOOTSTRAP_POOL_SIZE + 1;
     size_t off = atomic_fetch_add(&pool_used, need);
-    if (off + need > POOL_SIZE) {
+    if (off + need > AL_BOOTSTRAP_POOL_SIZE) {
         static const char msg[] = "alloclens: bootstrap pool exhausted during start-up; aborting\n";
         (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
         abort();

@@ -1,5 +1,6 @@
 /* interpose/ internal API: the resolved forwarding targets, the slow entry, the bootstrap
- * pool. The exported entry points themselves live in wrappers.c, threads.c and exec.c. */
+ * pool. The exported entry points themselves live in wrappers.c (allocation), threads.c,
+ * exec.c, locks.c and signals.c. */
 #ifndef ALLOCLENS_INTERPOSE_H
 #define ALLOCLENS_INTERPOSE_H
 
@@ -39,14 +40,14 @@ static inline size_t _al_mul_size(size_t k, size_t n)
     return __builtin_mul_overflow(k, n, &r) ? SIZE_MAX : r;
 }
 
-/* exec.c, threads.c: their forwarding targets, resolved with the rest at start-up */
+/* exec.c, threads.c, locks.c, signals.c: their forwarding targets, resolved with the rest at
+ * start-up */
 void _al_exec_resolve(void);
 void _al_threads_resolve(void);
 void _al_locks_resolve(void);
 void _al_signals_resolve(void);
 
 /* real.c */
-int _al_real_resolve(void);
 /* The first call of a thread, a nested call, or a call before start-up finished: returns the
  * thread's state with busy set when the call is to be counted, NULL when it must only be
  * forwarded. */
@@ -56,12 +57,13 @@ struct al_thread *_al_enter_slow(void);
 void *_al_bootstrap_alloc(size_t size);
 void *_al_bootstrap_realloc(void *p, size_t size);
 size_t _al_bootstrap_usable_size(const void *p);
-extern char _al_bootstrap_pool[];
-extern const size_t _al_bootstrap_pool_size;
+#define AL_BOOTSTRAP_POOL_SIZE (64 * 1024)
+extern char _al_bootstrap_pool[AL_BOOTSTRAP_POOL_SIZE] AL_HIDDEN;
 
 static inline int _al_bootstrap_owns(const void *p)
 {
-    return (const char *)p >= _al_bootstrap_pool && (const char *)p < _al_bootstrap_pool + _al_bootstrap_pool_size;
+    /* One compare on every free: below the pool (NULL included) wraps to a huge offset. */
+    return (uintptr_t)p - (uintptr_t)_al_bootstrap_pool < AL_BOOTSTRAP_POOL_SIZE;
 }
 
 #endif

@@ -16,62 +16,6 @@ extern int __pthread_mutex_lock(pthread_mutex_t *);
 extern int __pthread_mutex_trylock(pthread_mutex_t *);
 extern int __pthread_mutex_unlock(pthread_mutex_t *);
 
-static int (*real_spin_lock)(pthread_spinlock_t *);
-static int (*real_spin_trylock)(pthread_spinlock_t *);
-static int (*real_spin_unlock)(pthread_spinlock_t *);
-
-void _al_locks_resolve(void)
-{
-    real_spin_lock = (__typeof__(real_spin_lock))dlsym(RTLD_NEXT, "pthread_spin_lock");
-    real_spin_trylock = (__typeof__(real_spin_trylock))dlsym(RTLD_NEXT, "pthread_spin_trylock");
-    real_spin_unlock = (__typeof__(real_spin_unlock))dlsym(RTLD_NEXT, "pthread_spin_unlock");
-}
-
-static inline struct al_thread *in_allocator(void)
-{
-    struct al_thread *t = _al_tls;
-    return AL_UNLIKELY(t && t->in_call) ? t : NULL;
-}
-
-/* The lock under measurement: try first, so a wait is seen as contention and timed. */
-#define TIMED_LOCK(lock, trylock, m)                                   \
-    do {                                                               \
-        uint64_t c0 = _al_tsc();                                       \
-        int r_ = trylock(m);                                           \
-        bool contended_ = r_ == EBUSY;                                 \
-        if (contended_)                                                \
-            r_ = lock(m);                                              \
-        uint64_t c1 = _al_tsc();                                       \
-        if (r_ == 0)                                                   \
-            _al_lock_acquired(t, (const void *)(uintptr_t)(m), contended_, c1 - c0, c1);          \
-        return r_;                                                     \
-    } while (0)
-
-AL_EXPORT int pthread_mutex_lock(pthread_mutex_t *m)
-{
-    struct al_thread *t = in_allocator();
-    if (AL_LIKELY(!t))
-        return __pthread_mutex_lock(m);
-    TIMED_LOCK(__pthread_mutex_lock, __pthread_mutex_trylock, m);
-}
-
-AL_EXPORT int pthread_mutex_trylock(pthread_mutex_t *m)
-{
-    struct al_thread *t = in_allocator();
-    int r = __pthread_mutex_trylock(m);
-    if (AL_UNLIKELY(t != NULL) && r == 0)
-        _al_lock_acquired(t, m, false, 0, _al_tsc());
-    return r;
-}
-
-AL_EXPORT int pthread_mutex_unlock(pthread_mutex_t *m)
-{
-    struct al_thread *t = in_allocator();
-    if (AL_UNLIKELY(t != NULL))
-        _al_lock_released(t, m, _al_tsc());
-    return __pthread_mutex_unlock(m);
-}
-
 /* Spin locks before start-up resolved them (nothing takes one that early in practice): the
  * same protocol as glibc's, 0 free, nonzero held. */
 static int spin_lock_early(pthread_spinlock_t *l)
@@ -92,29 +36,70 @@ static int spin_unlock_early(pthread_spinlock_t *l)
     return 0;
 }
 
-#define SPIN(fn) (real_spin_##fn ? real_spin_##fn : spin_##fn##_early)
+static int (*real_spin_lock)(pthread_spinlock_t *) = spin_lock_early;
+static int (*real_spin_trylock)(pthread_spinlock_t *) = spin_trylock_early;
+static int (*real_spin_unlock)(pthread_spinlock_t *) = spin_unlock_early;
 
-AL_EXPORT int pthread_spin_lock(pthread_spinlock_t *l)
+void _al_locks_resolve(void)
 {
-    struct al_thread *t = in_allocator();
-    if (AL_LIKELY(!t))
-        return SPIN(lock)(l);
-    TIMED_LOCK(SPIN(lock), SPIN(trylock), l);
+    void *f;
+    if ((f = dlsym(RTLD_NEXT, "pthread_spin_lock")))
+        real_spin_lock = (__typeof__(real_spin_lock))f;
+    if ((f = dlsym(RTLD_NEXT, "pthread_spin_trylock")))
+        real_spin_trylock = (__typeof__(real_spin_trylock))f;
+    if ((f = dlsym(RTLD_NEXT, "pthread_spin_unlock")))
+        real_spin_unlock = (__typeof__(real_spin_unlock))f;
 }
 
-AL_EXPORT int pthread_spin_trylock(pthread_spinlock_t *l)
+static inline struct al_thread *in_allocator(void)
 {
-    struct al_thread *t = in_allocator();
-    int r = SPIN(trylock)(l);
-    if (AL_UNLIKELY(t != NULL) && r == 0)
-        _al_lock_acquired(t, (const void *)(uintptr_t)l, false, 0, _al_tsc());
-    return r;
+    struct al_thread *t = _al_tls;
+    return AL_UNLIKELY(t && t->in_call) ? t : NULL;
 }
 
-AL_EXPORT int pthread_spin_unlock(pthread_spinlock_t *l)
-{
-    struct al_thread *t = in_allocator();
-    if (AL_UNLIKELY(t != NULL))
-        _al_lock_released(t, (const void *)(uintptr_t)l, _al_tsc());
-    return SPIN(unlock)(l);
-}
+/* Every lock and unlock of the program passes here: outside an allocator call the export is
+ * the thread-state test and a jump to the real function, and the measurement is out of line.
+ * The lock under measurement is tried first, so a wait is seen as contention and timed. */
+#define LOCK_WRAPPERS(kind, type, lock, trylock, unlock)                                      \
+    static AL_NOINLINE int timed_##kind##_lock(struct al_thread *t, type *m)                  \
+    {                                                                                          \
+        uint64_t c0 = _al_tsc();                                                               \
+        int r = trylock(m);                                                                    \
+        bool contended = r == EBUSY;                                                           \
+        if (contended)                                                                         \
+            r = lock(m);                                                                       \
+        uint64_t c1 = _al_tsc();                                                               \
+        if (r == 0)                                                                            \
+            _al_lock_acquired(t, (const void *)(uintptr_t)m, contended, c1 - c0, c1);          \
+        return r;                                                                              \
+    }                                                                                          \
+    static AL_NOINLINE int timed_##kind##_trylock(struct al_thread *t, type *m)               \
+    {                                                                                          \
+        int r = trylock(m);                                                                    \
+        if (r == 0)                                                                            \
+            _al_lock_acquired(t, (const void *)(uintptr_t)m, false, 0, _al_tsc());             \
+        return r;                                                                              \
+    }                                                                                          \
+    static AL_NOINLINE int timed_##kind##_unlock(struct al_thread *t, type *m)                \
+    {                                                                                          \
+        _al_lock_released(t, (const void *)(uintptr_t)m, _al_tsc());                           \
+        return unlock(m);                                                                      \
+    }                                                                                          \
+    AL_EXPORT int pthread_##kind##_lock(type *m)                                               \
+    {                                                                                          \
+        struct al_thread *t = in_allocator();                                                  \
+        return AL_LIKELY(!t) ? lock(m) : timed_##kind##_lock(t, m);                            \
+    }                                                                                          \
+    AL_EXPORT int pthread_##kind##_trylock(type *m)                                            \
+    {                                                                                          \
+        struct al_thread *t = in_allocator();                                                  \
+        return AL_LIKELY(!t) ? trylock(m) : timed_##kind##_trylock(t, m);                      \
+    }                                                                                          \
+    AL_EXPORT int pthread_##kind##_unlock(type *m)                                             \
+    {                                                                                          \
+        struct al_thread *t = in_allocator();                                                  \
+        return AL_LIKELY(!t) ? unlock(m) : timed_##kind##_unlock(t, m);                        \
+    }
+
+LOCK_WRAPPERS(mutex, pthread_mutex_t, __pthread_mutex_lock, __pthread_mutex_trylock, __pthread_mutex_unlock)
+LOCK_WRAPPERS(spin, pthread_spinlock_t, real_spin_lock, real_spin_trylock, real_spin_unlock)

@@ -94,7 +94,7 @@ static void *object_base(const void *fn)
 #define RESOLVE_OWN_OR_REALLOCARRAY(sym) RESOLVE_OWN(sym)
 #define RESOLVE_OWN_OR_PVALLOC(sym) RESOLVE_OWN(sym)
 
-int _al_real_resolve(void)
+static int real_resolve(void)
 {
     _al_real.malloc = (__typeof__(_al_real.malloc))dlsym(RTLD_NEXT, "malloc");
     void *allocator = object_base((const void *)_al_real.malloc);
@@ -128,7 +128,7 @@ static const void *own_malloc_addr(void)
 }
 
 static const struct al_process_hooks hooks = {
-    .resolve = _al_real_resolve,
+    .resolve = real_resolve,
     .malloc_addr = real_malloc_addr,
     .own_malloc = own_malloc_addr,
 };

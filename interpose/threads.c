@@ -1,7 +1,8 @@
 /* pthread_create: threads are counted from the moment they are asked for until they exit,
  * which decides the serial/parallel phase of every call. The new thread starts in a
  * trampoline that attaches its state before running the program's function, so its exit is
- * seen (through the state's thread key) however it ends: return, pthread_exit or cancel. */
+ * seen (through the thread-exit destructor it registers) however it ends: return,
+ * pthread_exit or cancel. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>

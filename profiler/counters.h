@@ -33,10 +33,10 @@ struct al_counters_config {
 
 /* Per-thread counter state (embedded in struct al_thread). */
 struct al_thread_counters {
+    unsigned countdown;             /* ops until the next counted one (first: on every call) */
     int state;                      /* 0: not opened yet, 1: open, -1: failed for this thread */
     int fd[AL_MAX_EVENTS];
     void *page[AL_MAX_EVENTS];      /* perf mmap page for rdpmc, or NULL */
-    unsigned countdown;             /* ops until the next counted one */
     uint64_t start[AL_MAX_EVENTS];
 };
 

@@ -28,11 +28,6 @@ static void set_mode(enum al_mode m)
     _al_records = m == AL_MODE_FULL;
 }
 
-bool _al_process_initializing_here(void)
-{
-    return initializing_here;
-}
-
 /* What every call needs: the real functions, the cycle counter's cost, the shadow table and
  * the thread registry. Runs on the first call or in our constructor, whichever comes first;
  * it may come before libc has set up its environment, so it reads no settings but the mode,

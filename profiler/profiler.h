@@ -306,23 +306,25 @@ struct al_held {
 
 extern struct al_lock_stats *_al_locks;
 
+/* The fields every call touches come first, on one cache line (the rows and histograms aside):
+ * the rest is for the rare paths. */
 struct al_thread {
     int busy;        /* inside an interposed call: nested calls are forwarded, not counted */
     unsigned in_call;        /* inside the real allocator call: op * 2 + large + 1; else 0 */
     char sud_selector;       /* syscall user dispatch: block while in_call */
-    unsigned nheld;
-    struct al_held held[AL_HELD_MAX];
-    struct al_thread_counters ctr;
-    uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
-    uint64_t ctr_ops[AL_OP_COUNT];
-    struct al_thread_syscalls sys;
-    int spawned;     /* started through our pthread_create: counts in the live-thread total */
     unsigned tag;            /* 1..255: this thread in the shadow table's line entries */
     int64_t snap_countdown;  /* bytes to allocate until the next look at the footprint */
     int64_t (*cls)[4];       /* per size-class row: live objects, requested bytes, extra, blowup
                                 credit (waste.c) */
     int64_t sample_countdown; /* bytes until the next sampled allocation */
     uint64_t rng;             /* this thread's generator for the countdowns */
+    struct al_thread_counters ctr;
+    unsigned nheld;
+    struct al_held held[AL_HELD_MAX];
+    uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
+    uint64_t ctr_ops[AL_OP_COUNT];
+    struct al_thread_syscalls sys;
+    int spawned;     /* started through our pthread_create: counts in the live-thread total */
     struct al_thread *next;
     struct al_row rows[AL_ROWS];
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
@@ -720,7 +722,6 @@ struct al_process_hooks {
 
 void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */
-bool _al_process_initializing_here(void);
 void _al_process_before_exec(void);
 void _al_process_exec_failed(void);
 

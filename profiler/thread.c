@@ -159,8 +159,8 @@ static void thread_exit(void *arg)
     t->next = reg.spare;
     reg.spare = t;
     unlock();
-    /* Calls this thread still makes (later TLS destructors) start a fresh state, which sets
-     * the key again and comes back here. */
+    /* Calls this thread still makes (later TLS destructors) start a fresh state, not
+     * registered again (see exited). */
     _al_tls = NULL;
 }
 

@@ -175,10 +175,15 @@ static inline __attribute__((always_inline)) void _al_shadow_own(struct al_shado
 {
     uint64_t last = a + (n ? n - 1 : 0);
     uint16_t mine = (uint16_t)(tag << AL_LINE_OWNER_SHIFT);
-    if (__builtin_expect((last >> AL_SHADOW_PAGE_SHIFT) - (a >> AL_SHADOW_PAGE_SHIFT) <= 1 &&
+    /* Under a page, an object is on one or two pages: the inline caller, which only sees
+     * such objects, then does without the page arithmetic. */
+    if (__builtin_expect((n < AL_SHADOW_PAGE_SIZE ||
+                          (last >> AL_SHADOW_PAGE_SHIFT) - (a >> AL_SHADOW_PAGE_SHIFT) <= 1) &&
                              (last >> AL_SHADOW_REGION_SHIFT) == (a >> AL_SHADOW_REGION_SHIFT) &&
-                             atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed) == mine &&
-                             atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(last)], memory_order_relaxed) == mine,
+                             atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(a)],
+                                                  memory_order_relaxed) == mine &&
+                             atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(last)],
+                                                  memory_order_relaxed) == mine,
                          1))
         return;
     _al_shadow_own_slow(r, a, n, tag);
