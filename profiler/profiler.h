@@ -603,7 +603,7 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
     if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))
         _al_sample_free(p);
     struct al_shadow_object o;
-    if (AL_UNLIKELY(!t->cls) || !_al_shadow_object_end(r, a, &o)) /* not live: no record */
+    if (AL_UNLIKELY(!t->cls) || !_al_shadow_object_end(r, a, (uint8_t)flags, &o)) /* not live: no record */
         return 0;
     if (AL_UNLIKELY((o.requested >= _al_large_threshold) | o.odd | !_al_waste.has_table))
         return _al_waste_count_free(t, p, &o, undo);

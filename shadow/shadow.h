@@ -278,13 +278,13 @@ static inline __attribute__((always_inline)) uint64_t _al_shadow_record_inline(c
 }
 
 /* Retires the live object at p (before the allocator gets it back): false where p holds no
- * live record (an object made before alloclens started, or outside its view). */
+ * live record (an object made before alloclens started, or outside its view). V is the byte
+ * of p's granule, which the caller has read already. */
 static inline __attribute__((always_inline)) bool _al_shadow_object_end(struct al_shadow_region *r, uint64_t a,
-                                                                         struct al_shadow_object *o)
+                                                                         uint8_t v, struct al_shadow_object *o)
 {
     uint64_t g = AL_SHADOW_GRANULE(a);
     uint8_t *b = &r->granule[g];
-    uint8_t v = b[0];
     if (!(v & AL_SHADOW_LIVE))
         return false;
     uint64_t req = _al_shadow_record_inline(b, v, g);

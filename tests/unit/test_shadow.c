@@ -27,7 +27,7 @@ static bool retire(void *p, struct al_shadow_object *o)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region(a);
-    return r && _al_shadow_object_end(r, a, o);
+    return r && _al_shadow_object_end(r, a, r->granule[AL_SHADOW_GRANULE(a)], o);
 }
 
 START_TEST(mark_new_then_reused)
