@@ -169,9 +169,12 @@ bool _al_shadow_object_new_any(struct al_shadow_region *r, uint64_t a, uint64_t 
     }
     __atomic_store_n(head, (uint8_t)(nib[0] << 4 | AL_SHADOW_SEEN | AL_SHADOW_LIVE | (odd ? AL_SHADOW_ODD : 0)),
                      __ATOMIC_RELAXED);
-    if (req >= AL_SHADOW_BIG)
+    if (req >= AL_SHADOW_BIG) {
         _al_shadow_use_big(a, req, 1);
-    _al_shadow_own(r, a, req, tag);
+        _al_shadow_own_slow(r, a, req, tag);
+    } else {
+        _al_shadow_own(r, a, req, tag);
+    }
     return (old & AL_SHADOW_SEEN) != 0;
 }
 

@@ -167,19 +167,16 @@ void _al_shadow_set_sampled(const void *p, bool sampled);
 void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
 
 /* Records that the thread with tag TAG (1..255) owns the object of N bytes at A, in A's region
- * R. A page only that thread has put objects on stands for its lines, so the common case (an
- * object on one or two pages already its thread's) is the load of their page entries and no
- * write; line entries are kept once a second thread comes to the page. */
+ * R, N under a page (bigger objects go to the slow path, which writes their last line). A page
+ * only that thread has put objects on stands for its lines, so the common case (an object on
+ * one or two pages already its thread's) is the load of their page entries and no write; line
+ * entries are kept once a second thread comes to the page. */
 static inline __attribute__((always_inline)) void _al_shadow_own(struct al_shadow_region *r, uint64_t a, uint64_t n,
                                                                   unsigned tag)
 {
     uint64_t last = a + (n ? n - 1 : 0);
     uint16_t mine = (uint16_t)(tag << AL_LINE_OWNER_SHIFT);
-    /* Under a page, an object is on one or two pages: the inline caller, which only sees
-     * such objects, then does without the page arithmetic. */
-    if (__builtin_expect((n < AL_SHADOW_PAGE_SIZE ||
-                          (last >> AL_SHADOW_PAGE_SHIFT) - (a >> AL_SHADOW_PAGE_SHIFT) <= 1) &&
-                             (last >> AL_SHADOW_REGION_SHIFT) == (a >> AL_SHADOW_REGION_SHIFT) &&
+    if (__builtin_expect((last >> AL_SHADOW_REGION_SHIFT) == (a >> AL_SHADOW_REGION_SHIFT) &&
                              atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(a)],
                                                   memory_order_relaxed) == mine &&
                              atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(last)],

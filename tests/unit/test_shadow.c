@@ -151,6 +151,24 @@ static void mark_by(uint64_t a, uint64_t req, unsigned tag)
     _al_shadow_object_new(_al_shadow_region_get(a), a, req, false, tag, &pages);
 }
 
+/* A page-aligned object of a page and more, on two pages its thread owns already: when a
+ * second thread comes to the page it ends on, its last line is still its thread's (the spill
+ * looks back less than a page for live objects; a big object writes its last line itself). */
+START_TEST(big_object_keeps_its_last_line)
+{
+    uint64_t page = 0x7f0001600000ull;
+    struct al_shadow_object o;
+    mark_by(page, 8, 5);
+    ck_assert(retire((void *)(uintptr_t)page, &o));
+    mark_by(page + 4096 + 1024, 8, 5);
+    ck_assert(retire((void *)(uintptr_t)(page + 4096 + 1024), &o));
+    mark_by(page, 5000, 5);
+    mark_by(page + 4096 + 2048, 8, 6);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 4999))), 5);
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 4096 + 2048))), 6);
+}
+END_TEST
+
 START_TEST(page_owners_stand_for_their_lines)
 {
     uint64_t page = 0x7f0001400000ull;
@@ -365,6 +383,7 @@ int main(void)
     tcase_add_test(tc, pages_and_lines);
     tcase_add_test(tc, every_size_through_the_table);
     tcase_add_test(tc, page_owners_stand_for_their_lines);
+    tcase_add_test(tc, big_object_keeps_its_last_line);
     tcase_add_test(tc, heap_pages);
     tcase_add_test(tc, region_boundaries);
     tcase_add_test(tc, beyond_the_table);
