@@ -34,18 +34,14 @@ static struct al_heap_slice *slice(uint64_t d, bool create)
     struct al_heap_slice *s = atomic_load_explicit(&_al_heap_dir[d], memory_order_acquire);
     if (s || !create)
         return s;
-    void *p = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    void *none = NULL;
-    if (!atomic_compare_exchange_strong((_Atomic(void *) *)&_al_heap_dir[d], &none, p)) {
-        munmap(p, sizeof *s);
-        return none;
-    }
+    bool won = false;
+    s = _al_shadow_install((_Atomic(void *) *)&_al_heap_dir[d], sizeof *s, MAP_NORESERVE, &won);
+    if (!won)
+        return s;
     uint32_t i = atomic_fetch_add(&nlisted, 1);
     if (i < LISTED_MAX)
         atomic_store(&listed[i], d + 1);
-    return p;
+    return s;
 }
 
 void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)

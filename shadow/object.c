@@ -58,13 +58,19 @@ unsigned _al_shadow_record_encode(uint8_t *nib, uint64_t req, uint32_t pages)
     return n;
 }
 
-bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req, uint32_t *pages)
+/* Nibbles of a record's size after its first one, which is FIRST. */
+static unsigned size_nibbles_after(unsigned first)
 {
     static const unsigned extra[4] = { 1, 2, 4, 16 };
+    return first >= 12 ? extra[first - 12] : 0;
+}
+
+bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req, uint32_t *pages)
+{
     unsigned n = 1;
     uint64_t v = nib[0];
     if (v >= 12) {
-        n += extra[v - 12];
+        n += size_nibbles_after(nib[0]);
         if (n > avail)
             return false;
         v = get(nib + 1, n - 1) + (nib[0] == 15 ? 0 : 12);
@@ -97,12 +103,11 @@ static unsigned granules(uint64_t a, unsigned n, uint8_t **bytes)
 
 static bool read_record_far(uint64_t a, uint64_t *req, uint32_t *pages);
 
-/* The common case inline: the record lies in A's own region. */
-static inline bool read_record(uint64_t a, uint64_t *req, uint32_t *pages)
+/* The common case inline: the record lies in A's own region R. */
+static inline bool read_record(struct al_shadow_region *r, uint64_t a, uint64_t *req, uint32_t *pages)
 {
-    struct al_shadow_region *r = _al_shadow_region(a);
     uint64_t g = AL_SHADOW_GRANULE(a);
-    if (__builtin_expect(!r || g + MAX_NIBBLES > AL_SHADOW_GRANULES, 0))
+    if (__builtin_expect(g + MAX_NIBBLES > AL_SHADOW_GRANULES, 0))
         return read_record_far(a, req, pages);
     const uint8_t *b = &r->granule[g];
     unsigned first = b[0] >> 4;
@@ -119,11 +124,10 @@ static inline bool read_record(uint64_t a, uint64_t *req, uint32_t *pages)
 
 static bool read_record_far(uint64_t a, uint64_t *req, uint32_t *pages)
 {
-    static const unsigned extra[4] = { 1, 2, 4, 16 };
     uint8_t *b[MAX_NIBBLES], nib[MAX_NIBBLES];
     if (!granules(a, 1, b))
         return false;
-    unsigned first = *b[0] >> 4, n = first >= 12 ? 1 + extra[first - 12] : 1;
+    unsigned n = 1 + size_nibbles_after(*b[0] >> 4);
     /* Only the object's own granules are read: the size says whether pages follow. */
     for (int pass = 0; pass < 2; pass++) {
         unsigned got = granules(a, n, b);
@@ -182,7 +186,7 @@ bool _al_shadow_object_end_any(struct al_shadow_region *r, uint64_t a, struct al
 {
     uint8_t *head = &r->granule[AL_SHADOW_GRANULE(a)];
     uint8_t v = *head;
-    if (!(v & AL_SHADOW_LIVE) || !read_record(a, &o->requested, &o->pages))
+    if (!(v & AL_SHADOW_LIVE) || !read_record(r, a, &o->requested, &o->pages))
         return false;
     o->odd = (v & AL_SHADOW_ODD) != 0;
     /* The payload stays: the next big object here reads the pages it covered. */
@@ -199,5 +203,5 @@ bool _al_shadow_object_read(uint64_t a, struct al_shadow_object *o)
         return false;
     uint8_t v = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED);
     o->odd = (v & AL_SHADOW_ODD) != 0;
-    return (v & AL_SHADOW_LIVE) && read_record(a, &o->requested, &o->pages);
+    return (v & AL_SHADOW_LIVE) && read_record(r, a, &o->requested, &o->pages);
 }

@@ -1,5 +1,6 @@
 /* The shadow table's level 1 and the creation of region records (the rare path: once per
- * MiB of address space that ever holds an object), and what the table costs. */
+ * MiB of address space that ever holds an object), what the table costs, and the rare flag
+ * changes of a granule byte (sampled, --mode time's large-object mark). */
 #include <errno.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -48,21 +49,16 @@ int _al_shadow_init(void)
     return 0;
 }
 
-/* Installs *slot from a fresh zeroed mapping of SIZE bytes unless another thread got there
- * first; returns what the slot holds. */
-static void *install(_Atomic(void *) *slot, size_t size, _Atomic uint64_t *made, bool *won, uint64_t base)
+void *_al_shadow_install(_Atomic(void *) *slot, size_t size, int flags, bool *won)
 {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    if (base) /* a region record's first field, set before anyone can see it */
-        *(uint64_t *)p = base;
     void *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(slot, &expected, p, memory_order_acq_rel, memory_order_acquire)) {
         munmap(p, size);
         return expected;
     }
-    atomic_fetch_add_explicit(made, 1, memory_order_relaxed);
     *won = true;
     return p;
 }
@@ -76,17 +72,20 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
     }
     bool won = false;
     struct al_shadow_slice *s = atomic_load_explicit(&_al_shadow.dir[d], memory_order_acquire);
-    if (!s)
-        s = install((_Atomic(void *) *)&_al_shadow.dir[d], sizeof *s, &_al_shadow.slices, &won, 0);
+    if (!s) {
+        s = _al_shadow_install((_Atomic(void *) *)&_al_shadow.dir[d], sizeof *s, 0, &won);
+        if (won)
+            atomic_fetch_add_explicit(&_al_shadow.slices, 1, memory_order_relaxed);
+    }
     if (!s)
         return NULL;
     _Atomic(struct al_shadow_region *) *slot = &s->region[(a >> AL_SHADOW_REGION_SHIFT) & (AL_SHADOW_SLICE_ENTRIES - 1)];
     struct al_shadow_region *r = atomic_load_explicit(slot, memory_order_acquire);
     if (!r) {
         won = false;
-        r = install((_Atomic(void *) *)slot, sizeof *r, &_al_shadow.regions, &won,
-                    (a & ~((1ull << AL_SHADOW_REGION_SHIFT) - 1)) | 1);
+        r = _al_shadow_install((_Atomic(void *) *)slot, sizeof *r, 0, &won);
         if (won) {
+            atomic_fetch_add_explicit(&_al_shadow.regions, 1, memory_order_relaxed);
             uint32_t i = atomic_fetch_add_explicit(&nall, 1, memory_order_relaxed);
             if (i < ALL_MAX)
                 atomic_store_explicit(&all[i], r, memory_order_release);

@@ -50,7 +50,6 @@
 #define AL_LINE_SHARED 0x8000u
 
 struct al_shadow_region {
-    uint64_t base;                                  /* the first address described, | 1 */
     _Atomic uint32_t page_used[AL_SHADOW_PAGES];    /* level 2 */
     _Atomic uint32_t page_span[AL_SHADOW_PAGES];    /* most pages an object from here covered */
     _Atomic uint16_t page_owner[AL_SHADOW_PAGES];   /* owners, as a line entry (usage.c) */
@@ -80,6 +79,9 @@ extern struct al_shadow _al_shadow;
 /* Maps the directory for this machine's address-space size (47 or 56 bits); 0 or -errno. */
 int _al_shadow_init(void);
 struct al_shadow_region *_al_shadow_region_create(uint64_t address);
+/* Installs *SLOT from a fresh zeroed mapping of SIZE bytes (mmap FLAGS added) unless another
+ * thread got there first; returns what the slot holds, *WON set if it is the new mapping. */
+void *_al_shadow_install(_Atomic(void *) *slot, size_t size, int flags, bool *won);
 uint64_t _al_shadow_address_bits(void);
 /* Bytes of the table the kernel backs now (resident), and bytes mapped. */
 size_t _al_shadow_footprint(void);

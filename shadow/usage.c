@@ -50,7 +50,7 @@ static void each_object(uint64_t lo, uint64_t hi,
     uint64_t from = (lo > AL_SHADOW_PAGE_SIZE ? lo - AL_SHADOW_PAGE_SIZE + 8 : 0) & ~7ull;
     struct al_shadow_region *r = NULL;
     for (uint64_t g = from; g < hi; g += 8) {
-        if (!r || (g & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0 || g == from)
+        if (!r || (g & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0)
             r = _al_shadow_region(g);
         if (!r) {
             g = (g | ((1u << AL_SHADOW_REGION_SHIFT) - 1)) + 1 - 8;
