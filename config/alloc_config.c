@@ -191,7 +191,6 @@ int _al_config_parse(const char *text, size_t len, const char *name, struct al_a
     struct parser p = { name ? name : "config", 0, err, errcap };
     struct al_alloc_config *c = out;
     memset(c, 0, offsetof(struct al_alloc_config, classes));
-    c->confidence[0] = '\0';
     bool seen[K_N] = { false };
     bool version = false;
     const char *s = text, *end = text + len;

@@ -63,7 +63,6 @@ struct al_class_table {
     uint32_t n_lo, n_hi;
     uint32_t *lo, *hi;          /* class index for each granule */
     const uint64_t *classes;
-    uint32_t nclasses;
 };
 
 /* Bytes the tables need for config C (so callers can provide them from their own memory). */

@@ -49,6 +49,24 @@ size_t _al_class_table_bytes(const struct al_alloc_config *c)
     return ((size_t)n_lo + n_hi) * sizeof(uint32_t);
 }
 
+/* Granules [BASE, BASE + N << SHIFT) of one of the two tables, K the class reached so far:
+ * the class of a granule is the first class at or above its largest request. The last granule
+ * may reach past the largest small request (threshold - 1), and classes above that are no
+ * boundary: stop there. */
+static void fill(uint32_t *out, uint32_t n, uint64_t base, unsigned shift, const struct al_alloc_config *c,
+                 uint32_t *k)
+{
+    uint64_t top = c->large_threshold - 1;
+    for (uint32_t g = 0; g < n; g++) {
+        uint64_t last = base + (((uint64_t)g + 1) << shift);
+        if (last > top)
+            last = top;
+        while (*k + 1 < c->nclasses && c->classes[*k] < last)
+            (*k)++;
+        out[g] = *k;
+    }
+}
+
 int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config *c, void *mem)
 {
     if (!c->nclasses || c->large_threshold < 2 || c->classes[c->nclasses - 1] + 1 < c->large_threshold)
@@ -60,27 +78,8 @@ int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config
     t->hi = t->lo + t->n_lo;
     t->threshold = c->large_threshold;
     t->classes = c->classes;
-    t->nclasses = c->nclasses;
-    /* Fill granule by granule: the class of a granule is the first class at or above its
-     * largest request. The last granule may reach past the largest small request (threshold
-     * - 1), and classes above that are no boundary: stop there. */
-    uint64_t top = c->large_threshold - 1;
-    uint32_t k = 0;
-    for (uint32_t g = 0; g < t->n_lo; g++) {
-        uint64_t last = ((uint64_t)g + 1) << t->shift_lo;
-        if (last > top)
-            last = top;
-        while (k + 1 < c->nclasses && c->classes[k] < last)
-            k++;
-        t->lo[g] = k;
-    }
-    for (uint32_t g = 0; g < t->n_hi; g++) {
-        uint64_t last = AL_CLASS_SPLIT + (((uint64_t)g + 1) << t->shift_hi);
-        if (last > top)
-            last = top;
-        while (k + 1 < c->nclasses && c->classes[k] < last)
-            k++;
-        t->hi[g] = k;
-    }
+    uint32_t k = 0; /* the classes rise through both tables */
+    fill(t->lo, t->n_lo, 0, t->shift_lo, c, &k);
+    fill(t->hi, t->n_hi, AL_CLASS_SPLIT, t->shift_hi, c, &k);
     return 0;
 }

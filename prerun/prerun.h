@@ -11,12 +11,12 @@
 
 #include "alloc_config.h"
 
-/* The page the tracer shares with the probe: syscalls seen so far, by kind. The tracer
- * updates it while the probe is stopped at the syscall's exit, so the probe reads exact
- * numbers right after each call it makes. */
+/* The page the tracer shares with the probe: mmaps seen so far, and the bytes mapped and
+ * unmapped. The tracer updates it while the probe is stopped at the syscall's exit, so the
+ * probe reads exact numbers right after each call it makes. */
 struct al_probe_counters {
     uint64_t magic;
-    uint64_t mmaps, munmaps, mremaps, brks, madvises;
+    uint64_t mmaps;
     uint64_t mmap_bytes, munmap_bytes;
     uint64_t traced; /* 1 while a tracer is attached */
 };

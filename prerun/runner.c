@@ -1,6 +1,7 @@
 /* Running the probe: a child process with the allocator preloaded, traced with ptrace so
- * every mmap, munmap, mremap, brk and madvise it makes is counted at the syscall level into a
- * page the probe reads (the allocator's internal calls included, which no wrapper would see).
+ * its mmaps and the bytes it maps and unmaps (mmap, munmap, mremap) are counted at the syscall
+ * level into a page the probe reads (the allocator's internal calls included, which no wrapper
+ * would see).
  * Where ptrace is refused, the probe runs untraced and says so in its confidence line. */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,10 +27,8 @@ static void count(struct al_probe_counters *c, const struct user_regs_struct *r)
         return; /* failed calls map nothing */
     switch (r->orig_rax) {
     case SYS_mmap: c->mmaps++; c->mmap_bytes += r->rsi; break;
-    case SYS_munmap: c->munmaps++; c->munmap_bytes += r->rsi; break;
-    case SYS_mremap: c->mremaps++; c->mmap_bytes += r->rdx; c->munmap_bytes += r->rsi; break;
-    case SYS_brk: c->brks++; break;
-    case SYS_madvise: c->madvises++; break;
+    case SYS_munmap: c->munmap_bytes += r->rsi; break;
+    case SYS_mremap: c->mmap_bytes += r->rdx; c->munmap_bytes += r->rsi; break;
     default: break;
     }
 }
@@ -83,19 +82,18 @@ int _al_prerun_probe(const char *allocator_path, const char *probe_exe, struct a
     memset(c, 0, sizeof *c);
     c->magic = AL_PROBE_MAGIC;
     /* The probe's config goes to a memory file: no pipe to fill up while it is traced. */
-    int ofd = memfd_create("alloclens-probe-output", MFD_CLOEXEC);
-    if (ofd < 0) {
-        snprintf(err, errcap, "cannot start the probe: %s", strerror(errno));
-        return -errno;
-    }
     /* ptrace needs a child of our own that asks for it before exec. */
-    int sync[2];
-    if (pipe2(sync, O_CLOEXEC) < 0)
-        return -errno;
-    pid_t pid = fork();
+    int ofd = memfd_create("alloclens-probe-output", MFD_CLOEXEC), sync[2] = { -1, -1 };
+    pid_t pid = ofd < 0 || pipe2(sync, O_CLOEXEC) < 0 ? -1 : fork();
     if (pid < 0) {
-        snprintf(err, errcap, "cannot start the probe: %s", strerror(errno));
-        return -errno;
+        int e = errno;
+        snprintf(err, errcap, "cannot start the probe: %s", strerror(e));
+        int fds[] = { ofd, sync[0], sync[1], cfd };
+        for (unsigned i = 0; i < sizeof fds / sizeof *fds; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        munmap(c, sizeof *c);
+        return -e;
     }
     if (pid == 0) {
         dup2(ofd, STDOUT_FILENO);
