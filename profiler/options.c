@@ -11,9 +11,10 @@
 const struct al_option _al_options[AL_OPT_N] = {
     [AL_OPT_OUTPUT] = { "output", "ALLOCLENS_OUTPUT", AL_OPT_STRING, "", 0, 0,
         "JSON report path; other processes of the run write PATH.<pid>.json beside it "
-        "(empty: no JSON)" },
+        "(empty: no JSON)", .written_at_exit = true },
     [AL_OPT_TEXT] = { "text", "ALLOCLENS_TEXT", AL_OPT_STRING, "-", 0, 0,
-        "human report of the main process: a file path, '-' for stderr, or 'off'" },
+        "human report of the main process: a file path, '-' for stderr, or 'off'",
+        .written_at_exit = true },
     [AL_OPT_LARGE_THRESHOLD] = { "large-threshold", "ALLOCLENS_LARGE_THRESHOLD", AL_OPT_SIZE,
         "131072", 1, 1ll << 40,
         "smallest request (bytes; k/M/G suffixes) counted as a large object; overrides the "
@@ -30,7 +31,8 @@ const struct al_option _al_options[AL_OPT_N] = {
     [AL_OPT_SEED] = { "seed", "ALLOCLENS_SEED", AL_OPT_INT, "0", 0, 1ll << 62,
         "seed of the sampler's random draws, for reproducible runs (0: a fresh seed each run)" },
     [AL_OPT_PPROF] = { "pprof", "ALLOCLENS_PPROF", AL_OPT_STRING, "", 0, 0,
-        "also write the sampled sites as a gzipped pprof heap profile (go tool pprof reads it)" },
+        "also write the sampled sites as a gzipped pprof heap profile (go tool pprof reads it)",
+        .written_at_exit = true },
     [AL_OPT_EVENTS] = { "events", "ALLOCLENS_EVENTS", AL_OPT_STRING, "default", 0, 0,
         "events counted per op, comma-separated, any name libpfm4 knows; 'default': instructions, "
         "cache-misses, dTLB-load-misses, page-faults (software events where there is no PMU); "

@@ -197,6 +197,8 @@ struct al_option {
     long long min, max;  /* range, numeric options */
     const char *desc;
     bool set_by_run;     /* 'alloclens run' sets it itself: no command-line flag */
+    bool written_at_exit; /* a file the program writes at its exit, perhaps after a chdir:
+                             'alloclens run' makes it absolute, and checks it now */
 };
 
 enum al_opt_id {

@@ -186,7 +186,7 @@ def test_unwritable_paths(tap):
     tmp = tmpdir()
     marker = os.path.join(tmp, "ran")
     touch = ["sh", "-c", f"touch {marker}"]
-    for label, opt in [("-o", "-o"), ("--text", "--text")]:
+    for label, opt in [("-o", "-o"), ("--text", "--text"), ("--pprof", "--pprof")]:
         for path in ["/nonexistent/dir/r.json", tmp]:
             what = "a directory" if path == tmp else "in a missing directory"
             desc = f"alloclens run {label} {what}"
@@ -212,6 +212,18 @@ def test_unwritable_paths(tap):
         same_as_plain(tap, desc, plain, prof)
         one_line(tap, desc, prof, path)
         tap.ok(load(out) is not None, f"{desc}: the JSON report is still written")
+
+    # Report paths are the command's, not the program's: one that changes directory before it
+    # exits still writes them where `alloclens run` was started.
+    top = tmpdir()
+    os.mkdir(os.path.join(top, "elsewhere"))
+    p = run([altest.cli(), "run", "-o", "r.json", "--text", "r.txt", "--pprof", "r.pb.gz", "--",
+             "sh", "-c", f"cd elsewhere && exec {LEAF} 2 100"], cwd=top)
+    where = {n: [d for d in (top, os.path.join(top, "elsewhere"))
+                 if os.path.exists(os.path.join(d, n))] for n in ("r.json", "r.txt", "r.pb.gz")}
+    tap.ok(p is not None and all(w == [top] for w in where.values()),
+           "relative -o, --text and --pprof are written where alloclens run was started, "
+           "though the program changed directory", f"{where}\n{show(p)}")
 
     # A forking program with an unwritable output: each process says so for its own report
     # (one line per process), and the program is unchanged.
