@@ -24,7 +24,6 @@ int _al_cli_cmd_allocators(int argc, char **argv);
 /* run.c */
 int _al_cli_cmd_run(int argc, char **argv);
 int _al_cli_cmd_demo(int argc, char **argv);
-void _al_cli_run_usage(FILE *f);
 int _al_cli_cmd_options(int argc, char **argv);
 
 /* prerun.c */
@@ -32,8 +31,9 @@ int _al_cli_cmd_prerun(int argc, char **argv);
 /* The config file for a run under ALLOC: given, cached or freshly probed. */
 int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, size_t cap);
 
-/* main.c: files installed beside the command (build tree or install tree) */
+/* main.c: this command's own path, and files installed beside it (build tree or install
+ * tree); 0 or -1. */
+int _al_cli_self_exe(char *out, size_t cap);
 int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, size_t cap);
-extern const char *_al_cli_self;
 
 #endif

@@ -7,7 +7,6 @@
 #include "config.h"
 #include "cli.h"
 
-const char *_al_cli_self;
 
 static void usage(FILE *f)
 {
@@ -31,12 +30,19 @@ static void usage(FILE *f)
             ALLOCLENS_VERSION);
 }
 
+int _al_cli_self_exe(char *out, size_t cap)
+{
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+    if (n <= 0)
+        return -1;
+    out[n] = '\0';
+    return 0;
+}
+
 int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, size_t cap)
 {
     char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) {
-        self[n] = '\0';
+    if (_al_cli_self_exe(self, sizeof self) == 0) {
         char *slash = strrchr(self, '/');
         if (slash) {
             *slash = '\0';
@@ -51,7 +57,6 @@ int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, 
 
 int main(int argc, char **argv)
 {
-    _al_cli_self = argv[0];
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -13,7 +13,7 @@
 #include "cli.h"
 #include "profiler.h"
 
-void _al_cli_run_usage(FILE *f)
+static void run_usage(FILE *f)
 {
     fprintf(f,
             "usage: alloclens run [-a ALLOCATOR] [-o REPORT.json] [options] -- CMD [ARGS...]\n"
@@ -160,7 +160,7 @@ int _al_cli_cmd_run(int argc, char **argv)
             break;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            _al_cli_run_usage(stdout);
+            run_usage(stdout);
             return 0;
         }
         if (a[0] != '-')
@@ -221,10 +221,8 @@ int _al_cli_cmd_demo(int argc, char **argv)
         return 2;
     }
     char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
+    if (_al_cli_self_exe(self, sizeof self) < 0)
         return 2;
-    self[n] = '\0';
     struct al_found_allocator found[AL_MAX_ALLOCATORS];
     int count = _al_cli_find_allocators(found, AL_MAX_ALLOCATORS);
     int worst = 0;
