@@ -95,19 +95,23 @@ void _al_buf_free(struct al_buf *b)
     b->len = b->cap = 0;
 }
 
-int _al_buf_write_fd(const struct al_buf *b, int fd)
+int _al_write_all(int fd, const void *data, size_t len)
 {
-    if (b->failed)
-        return -ENOMEM;
-    size_t off = 0;
-    while (off < b->len) {
-        ssize_t n = write(fd, b->data + off, b->len - off);
+    const char *p = data;
+    while (len) {
+        ssize_t n = write(fd, p, len);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
             return -errno;
         }
-        off += (size_t)n;
+        p += n;
+        len -= (size_t)n;
     }
     return 0;
+}
+
+int _al_buf_write_fd(const struct al_buf *b, int fd)
+{
+    return b->failed ? -ENOMEM : _al_write_all(fd, b->data, b->len);
 }

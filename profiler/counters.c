@@ -7,8 +7,10 @@
  *
  * Per thread (hot path, after init): the group is opened on the thread's first counted call
  * and read with rdpmc where the kernel allows user-space reads of that counter, read(2)
- * otherwise. Nothing after init allocates: a wrapped ring-buffer record is copied onto the
- * stack. */
+ * otherwise. Nothing after init allocates.
+ *
+ * The ring-buffer parser at the end is not on any path of the profiler yet: it is the reader
+ * for sampled events with addresses (page faults by address), tested on its own. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -18,7 +20,6 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include <fcntl.h>
 
 /* The kernel's header first: libpfm4's own copy of its definitions then stands aside. */
 #include "counters.h"
@@ -94,15 +95,9 @@ int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err,
 /* kernel.perf_event_paranoid, or -100 when it cannot be read (no stdio: plain syscalls). */
 static int read_paranoid(void)
 {
-    int fd = open("/proc/sys/kernel/perf_event_paranoid", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -100;
     char buf[32];
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
+    if (_al_proc_read("/proc/sys/kernel/perf_event_paranoid", buf, sizeof buf) < 0)
         return -100;
-    buf[n] = '\0';
     int sign = 1, v = 0;
     const char *p = buf;
     if (*p == '-') {
@@ -480,20 +475,14 @@ int _al_counter_read_fd(int fd, uint64_t *value)
 
 static inline uint64_t rdpmc(uint32_t counter)
 {
-#if defined(__x86_64__) || defined(__i386__)
     uint32_t lo, hi;
     __asm__ __volatile__("rdpmc" : "=a"(lo), "=d"(hi) : "c"(counter));
     return ((uint64_t)hi << 32) | lo;
-#else
-    (void)counter;
-    return 0;
-#endif
 }
 
 /* The seqlock protocol documented in linux/perf_event.h (struct perf_event_mmap_page). */
 int _al_counter_read_rdpmc(void *page, uint64_t *value)
 {
-#if defined(__x86_64__) || defined(__i386__)
     volatile struct perf_event_mmap_page *pc = page;
     if (!pc)
         return -EAGAIN;
@@ -516,11 +505,6 @@ int _al_counter_read_rdpmc(void *page, uint64_t *value)
     } while (pc->lock != seq);
     *value = count;
     return 0;
-#else
-    (void)page;
-    (void)value;
-    return -EAGAIN;
-#endif
 }
 
 #define READ_FAILED UINT64_MAX

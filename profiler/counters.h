@@ -68,8 +68,9 @@ int _al_counter_read_rdpmc(void *page, uint64_t *value);
 int _al_counter_read_fd(int fd, uint64_t *value);
 
 /* Perf ring buffer: parses the records between data_tail and data_head of an mmap'd buffer
- * (page + 2^n data pages), calling FN for each; returns records seen or a negative errno.
- * Used for sampled events with addresses (page faults). */
+ * (page + 2^n data pages), calling FN for each; returns records seen or a negative errno. A
+ * record that wraps the end of the buffer is copied onto the stack, never to the heap. Meant
+ * for sampled events with addresses (page faults by address): no report uses it yet. */
 int _al_perf_ring_drain(void *base, size_t data_size,
                         void (*fn)(const struct perf_event_header *rec, void *arg), void *arg);
 

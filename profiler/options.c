@@ -131,10 +131,19 @@ static const char *str_setting(enum al_opt_id id, char *store, size_t cap)
     return store;
 }
 
+static const char *const mode_names[AL_MODE_COUNT] = { "full", "time", "sample" };
+
 const char *_al_mode_name(unsigned mode)
 {
-    static const char *const names[AL_MODE_COUNT] = { "full", "time", "sample" };
-    return mode < AL_MODE_COUNT ? names[mode] : "?";
+    return mode < AL_MODE_COUNT ? mode_names[mode] : "?";
+}
+
+int _al_mode_parse(const char *text)
+{
+    for (unsigned m = 0; text && m < AL_MODE_COUNT; m++)
+        if (strcmp(text, mode_names[m]) == 0)
+            return (int)m;
+    return -1;
 }
 
 void _al_settings_load(struct al_settings *s)
@@ -154,11 +163,9 @@ void _al_settings_load(struct al_settings *s)
     s->syscalls = num_setting(AL_OPT_SYSCALLS, &given) != 0;
     s->seed = (uint64_t)num_setting(AL_OPT_SEED, &given);
     const char *mode = getenv(_al_options[AL_OPT_MODE].env);
-    s->mode = AL_MODE_FULL;
-    for (unsigned m = 0; mode && m < AL_MODE_COUNT; m++)
-        if (strcmp(mode, _al_mode_name(m)) == 0)
-            s->mode = (enum al_mode)m;
-    if (mode && strcmp(mode, _al_mode_name(s->mode)) != 0)
+    int m = _al_mode_parse(mode);
+    s->mode = m < 0 ? AL_MODE_FULL : (enum al_mode)m;
+    if (mode && m < 0)
         _al_log("%s='%s' is none of 'full', 'time' or 'sample'; using the default full",
                 _al_options[AL_OPT_MODE].env, mode);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);

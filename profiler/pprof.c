@@ -41,21 +41,16 @@ enum { LOCATION_ID = 1, LOCATION_MAPPING_ID = 2, LOCATION_ADDRESS = 3, LOCATION_
 enum { LINE_FUNCTION_ID = 1, LINE_LINE = 2 };
 enum { FUNCTION_ID = 1, FUNCTION_NAME = 2, FUNCTION_SYSTEM_NAME = 3, FUNCTION_FILENAME = 4 };
 
-static size_t varint_to(unsigned char *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (unsigned char)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (unsigned char)v;
-    return n;
-}
-
 static void pb_varint(struct al_buf *b, uint64_t v)
 {
     unsigned char tmp[10];
-    _al_buf_putn(b, (const char *)tmp, varint_to(tmp, v));
+    size_t n = 0;
+    while (v >= 0x80) {
+        tmp[n++] = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    tmp[n++] = (unsigned char)v;
+    _al_buf_putn(b, (const char *)tmp, n);
 }
 
 static void pb_tag(struct al_buf *b, unsigned field, unsigned wire)
@@ -359,16 +354,10 @@ static void encode_locations(struct pp *w)
         pb_uint(&w->msg, LOCATION_MAPPING_ID, l->mapping);
         pb_uint(&w->msg, LOCATION_ADDRESS, l->address);
         if (l->function) {
-            /* Line { function_id, line }: small enough to build on the stack. */
-            unsigned char line[24];
-            size_t k = 0;
-            line[k++] = LINE_FUNCTION_ID << 3 | PB_VARINT;
-            k += varint_to(line + k, l->function);
-            if (l->line) {
-                line[k++] = LINE_LINE << 3 | PB_VARINT;
-                k += varint_to(line + k, (uint64_t)l->line);
-            }
-            pb_bytes(&w->msg, LOCATION_LINE, line, k);
+            w->pk.len = 0; /* Line { function_id, line } */
+            pb_uint(&w->pk, LINE_FUNCTION_ID, l->function);
+            pb_uint(&w->pk, LINE_LINE, (uint64_t)l->line);
+            pb_sub(&w->msg, LOCATION_LINE, &w->pk);
         }
         pb_sub(&w->out, PROFILE_LOCATION, &w->msg);
     }
@@ -473,21 +462,6 @@ static void z_free(voidpf opaque, voidpf address)
     (void)address; /* the region goes back whole */
 }
 
-static int write_all(int fd, const unsigned char *p, size_t n)
-{
-    while (n) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* Compresses DATA into a gzip stream written to FD. */
 static int gzip_to_fd(int fd, const char *data, size_t len, const char **why)
 {
@@ -524,7 +498,7 @@ static int gzip_to_fd(int fd, const char *data, size_t len, const char **why)
             ret = -EIO;
             break;
         }
-        ret = write_all(fd, chunk, Z_CHUNK - zs.avail_out);
+        ret = _al_write_all(fd, chunk, Z_CHUNK - zs.avail_out);
     } while (ret == 0 && zr != Z_STREAM_END);
     deflateEnd(&zs);
     _al_mem_unmap(r.base, Z_REGION);

@@ -54,10 +54,9 @@ void _al_process_init(const struct al_process_hooks *h)
     if (_al_shadow_init() < 0)
         _al_log("cannot reserve the shadow table: every address is reported as new");
     _al_threads_init();
-    const char *mode = getenv(_al_options[AL_OPT_MODE].env);
-    for (unsigned m = 0; mode && m < AL_MODE_COUNT; m++)
-        if (strcmp(mode, _al_mode_name(m)) == 0)
-            set_mode((enum al_mode)m);
+    int mode = _al_mode_parse(getenv(_al_options[AL_OPT_MODE].env));
+    if (mode >= 0)
+        set_mode((enum al_mode)mode);
     image_pid = getpid();
     atomic_store(&_al_state, AL_STATE_READY);
     initializing_here = 0;

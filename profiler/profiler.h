@@ -182,6 +182,8 @@ void _al_buf_puts(struct al_buf *b, const char *s);
 void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
 void _al_buf_free(struct al_buf *b);
+/* Writes all of DATA (LEN bytes) to FD, through short writes and EINTR; 0 or a negative errno. */
+int _al_write_all(int fd, const void *data, size_t len);
 /* Writes the whole buffer to fd; 0 or a negative errno. */
 int _al_buf_write_fd(const struct al_buf *b, int fd);
 
@@ -233,6 +235,7 @@ enum al_mode {
 };
 
 const char *_al_mode_name(unsigned mode);
+int _al_mode_parse(const char *text); /* the mode named TEXT, or -1 (NULL included) */
 
 struct al_settings {
     const char *output;     /* JSON report path, or NULL */
@@ -362,7 +365,7 @@ struct al_measure_totals {
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
                          struct al_measure_totals *extra);
 
-/* ---- maps.c: the process's mappings -------------------------------------------------------- */
+/* ---- proc.c: the /proc files, read without stdio or allocation ------------------------------ */
 
 struct al_map {
     uint64_t lo, hi, offset;
@@ -373,6 +376,8 @@ struct al_map {
 /* Calls FN for each mapping, in address order, until it returns true; returns whether it did.
  * BUF (CAP bytes, a few KiB: more than the longest line) is where the lines are read. */
 bool _al_maps_each(char *buf, size_t cap, bool (*fn)(const struct al_map *m, void *arg), void *arg);
+/* The file at PATH in one read into BUF (CAP bytes), NUL-terminated: its length, or -1. */
+ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
 
 /* ---- heap.c: the allocator's heap ranges and their residency ------------------------------- */
 
@@ -394,6 +399,7 @@ enum { AL_CLS_OBJECTS, AL_CLS_REQUESTED, AL_CLS_EXTRA, AL_CLS_CREDIT, AL_CLS_N }
 enum { AL_SLOT_OBJECTS, AL_SLOT_REQUESTED, AL_SLOT_INTERNAL, AL_SLOT_BLOWUP, AL_SLOT_N };
 
 #define AL_SNAP_CHECK_BYTES (256 << 10)
+#define AL_SNAP_STEP (1u << 20) /* a snapshot when the footprint passes its peak by this */
 
 struct al_waste_snapshot {
     bool taken;
@@ -544,7 +550,6 @@ AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted)
 }
 
 const char *_al_syscall_name(unsigned kind);
-void _al_syscall_account(struct al_thread *t, int kind, uint64_t cycles, bool futex_wait);
 void _al_syscalls_init(void);
 void _al_syscalls_thread_init(struct al_thread *t);
 bool _al_syscalls_owns_sigsys(void);

@@ -35,11 +35,7 @@ void _al_report_restart(bool new_image)
     if (!new_image)
         return; /* a forked child runs the same command line */
     stderr_open = fstat(STDERR_FILENO, &stderr_at_start) == 0;
-    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t n = read(fd, cmdline, sizeof cmdline - 1);
-    close(fd);
+    ssize_t n = _al_proc_read("/proc/self/cmdline", cmdline, sizeof cmdline);
     cmdline_len = n > 0 ? (size_t)n : 0;
 }
 

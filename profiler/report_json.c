@@ -23,14 +23,12 @@ static void program(struct al_buf *b, const struct al_report *r)
     size_t i = 0;
     bool first = true;
     while (i < r->argv_len) {
+        /* Each argument ends in a NUL: the last one too (argv_len < sizeof argv, zeroed). */
         const char *arg = r->argv + i;
-        size_t n = strnlen(arg, r->argv_len - i);
-        char tmp[sizeof r->argv];
-        memcpy(tmp, arg, n);
-        tmp[n] = '\0';
+        size_t n = strlen(arg);
         if (!first)
             _al_buf_puts(b, ", ");
-        _al_buf_json_str(b, tmp);
+        _al_buf_json_str(b, arg);
         first = false;
         i += n + 1;
     }

@@ -96,7 +96,7 @@ void _al_report_memory_json(struct al_buf *b, const struct al_report *r)
     _al_buf_json_str(b, heap_source());
     _al_buf_printf(b, ", \"snapshots\": %llu, \"snapshot_step_bytes\": %u, \"shadow_bytes\": %llu, "
                    "\"mappings_found_by_objects\": %llu,\n    \"size_classes_source\": ",
-                   (unsigned long long)w->snapshots, 1u << 20, (unsigned long long)r->shadow_bytes,
+                   (unsigned long long)w->snapshots, AL_SNAP_STEP, (unsigned long long)r->shadow_bytes,
                    (unsigned long long)_al_heap_discovered());
     if (w->has_table)
         _al_buf_puts(b, "\"config\"");

@@ -29,14 +29,15 @@
 #include "profiler.h"
 #include "sampler.h"
 
-#define SAMPLES_CAP (1u << 18)    /* live sampled objects (at R = 512 KiB: 128 GiB live) */
-#define SLOTS (SAMPLES_CAP * 2)    /* hash slots: at most half full */
 #define SLOT_BITS 19
+#define SLOTS (1u << SLOT_BITS)
+#define SAMPLES_CAP (SLOTS / 2)    /* live sampled objects (at R = 512 KiB: 128 GiB live); the
+                                      index at most half full */
 
 struct sample {
     uintptr_t addr;
     uint32_t site;
-    uint64_t size, usable, born;  /* born: TSC */
+    uint64_t size, born;  /* born: TSC */
     double objects, bytes;        /* what the sample stands for */
 };
 
@@ -392,7 +393,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
         struct slot *sl = find_slot((uintptr_t)p);
         sl->addr = (uintptr_t)p;
         sl->idx = (uint32_t)s.nsamples;
-        s.samples[s.nsamples++] = (struct sample){ (uintptr_t)p, id, size, usable, now, objects, bytes };
+        s.samples[s.nsamples++] = (struct sample){ (uintptr_t)p, id, size, now, objects, bytes };
         _al_shadow_set_sampled(p, true);
         uint8_t *c = &_al_sample_pages[_al_sample_page(p)];
         if (*c != UINT8_MAX)

@@ -92,7 +92,7 @@ static int kind_of(long nr)
 }
 
 /* Counts one call made inside the allocator call T is in. */
-void _al_syscall_account(struct al_thread *t, int kind, uint64_t cycles, bool futex_wait)
+static void account(struct al_thread *t, int kind, uint64_t cycles, bool futex_wait)
 {
     if (!t || !t->in_call || kind < 0)
         return;
@@ -105,6 +105,19 @@ void _al_syscall_account(struct al_thread *t, int kind, uint64_t cycles, bool fu
 
 /* ---- SIGSYS ------------------------------------------------------------------------------ */
 
+/* SIGSYS's action set with the kernel directly, in the kernel's own layout: glibc's sigaction
+ * would supply its own restorer, and the wrapper (signals.c) only records the program's. */
+static int kernel_sigaction(void *handler, unsigned long flags, void *restorer)
+{
+    struct {
+        void *handler;
+        unsigned long flags;
+        void *restorer;
+        uint64_t mask;
+    } k = { handler, flags, restorer, 0 };
+    return (int)syscall(SYS_rt_sigaction, SIGSYS, &k, NULL, 8);
+}
+
 static struct sigaction program_sigsys; /* what the program asked for SIGSYS */
 static _Atomic int program_sigsys_set;
 
@@ -114,13 +127,7 @@ static void forward_to_program(int sig, siginfo_t *si, void *ctx)
     if (!atomic_load(&program_sigsys_set) || a.sa_handler == SIG_DFL) {
         /* As without us: the default action, which ends the process with a core. The
          * sigaction wrapper would only record the request: ask the kernel directly. */
-        struct {
-            void *handler;
-            unsigned long flags;
-            void *restorer;
-            uint64_t mask;
-        } dfl = { SIG_DFL, 0, NULL, 0 };
-        syscall(SYS_rt_sigaction, SIGSYS, &dfl, NULL, 8);
+        kernel_sigaction(SIG_DFL, 0, NULL);
         raise(SIGSYS);
         return;
     }
@@ -202,7 +209,7 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
     bool wait = kind == AL_SYS_FUTEX && ((g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT ||
                                          (g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT_BITSET);
     if (kind >= 0)
-        _al_syscall_account(t, kind, c1 - c0, wait);
+        account(t, kind, c1 - c0, wait);
     if (t && t->in_call && (kind == AL_SYS_MMAP || kind == AL_SYS_MUNMAP || kind == AL_SYS_MREMAP || kind == AL_SYS_BRK)) {
         const long args[3] = { (long)g[REG_RDI], (long)g[REG_RSI], (long)g[REG_RDX] };
         _al_heap_syscall(nr, args, r);
@@ -216,18 +223,13 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
  * own, whose rt_sigreturn would be outside the trampoline page. */
 static int install_handler(void)
 {
-    struct {
-        void *handler;
-        unsigned long flags;
-        void *restorer;
-        uint64_t mask;
-    } k = { (void *)sigsys, SA_SIGINFO | SA_RESTORER | SA_RESTART | SA_ONSTACK, (void *)_al_sud_restorer, 0 };
     struct sigaction old;
     if (sigaction(SIGSYS, NULL, &old) == 0 && old.sa_handler != SIG_DFL) {
         program_sigsys = old;
         atomic_store(&program_sigsys_set, 1);
     }
-    int r = (int)syscall(SYS_rt_sigaction, SIGSYS, &k, NULL, 8);
+    int r = kernel_sigaction((void *)sigsys, SA_SIGINFO | SA_RESTORER | SA_RESTART | SA_ONSTACK,
+                             (void *)_al_sud_restorer);
     _al_syscalls.handler_installed = r == 0;
     return r;
 }

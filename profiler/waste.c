@@ -17,7 +17,6 @@
  * miss).
  */
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -25,7 +24,6 @@
 
 #include "profiler.h"
 
-#define SNAP_STEP (1u << 20)
 
 struct al_waste_state _al_waste;
 
@@ -229,14 +227,8 @@ void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo 
 static uint64_t rss_now(void)
 {
     char buf[128];
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (_al_proc_read("/proc/self/statm", buf, sizeof buf) < 0)
         return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
     const char *c = strchr(buf, ' '); /* "size resident shared ..." in pages */
     if (!c)
         return 0;
@@ -289,10 +281,10 @@ static void check_footprint(void)
         return; /* another thread is taking one */
     uint64_t total = _al_heap_resident();
     /* The heap cannot pass the mark before the process grows by what it lacks. */
-    uint64_t lack = _al_waste.peak.taken && total < _al_waste.peak.total + SNAP_STEP
-                        ? _al_waste.peak.total + SNAP_STEP - total : SNAP_STEP;
-    __atomic_store_n(&snap.next_rss, rss + (lack > SNAP_STEP / 16 ? lack : SNAP_STEP / 16), __ATOMIC_RELAXED);
-    if (!_al_waste.peak.taken || total >= _al_waste.peak.total + SNAP_STEP) {
+    uint64_t lack = _al_waste.peak.taken && total < _al_waste.peak.total + AL_SNAP_STEP
+                        ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
+    __atomic_store_n(&snap.next_rss, rss + (lack > AL_SNAP_STEP / 16 ? lack : AL_SNAP_STEP / 16), __ATOMIC_RELAXED);
+    if (!_al_waste.peak.taken || total >= _al_waste.peak.total + AL_SNAP_STEP) {
         take(&_al_waste.peak); /* every snapshot the rule takes is the new peak */
         snap.taken++;
     }
@@ -320,7 +312,7 @@ void _al_waste_final(void)
     /* The state at exit is the peak only if it passed the last snapshot by more than the rule
      * can miss (a step, plus what a thread allocates between two looks): otherwise the peak
      * is the snapshot taken when that footprint was reached. */
-    if (!_al_waste.peak.taken || s.total > _al_waste.peak.total + SNAP_STEP + AL_SNAP_CHECK_BYTES) {
+    if (!_al_waste.peak.taken || s.total > _al_waste.peak.total + AL_SNAP_STEP + AL_SNAP_CHECK_BYTES) {
         int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
         memcpy(keep, s.cls, _al_waste.nslots * sizeof *keep);
         _al_waste.peak = s;

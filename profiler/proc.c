@@ -1,5 +1,6 @@
-/* The process's mappings, from /proc/self/maps, read a block at a time into the caller's buffer:
- * no stdio, no allocation, so the heap code may call it from inside an allocator call. */
+/* The /proc files the profiler reads, with no stdio and no allocation, so that the rare paths
+ * inside an allocator call may read them: the mappings (/proc/self/maps, a block at a time into
+ * the caller's buffer), and small files in one read. */
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
@@ -67,4 +68,17 @@ bool _al_maps_each(char *buf, size_t cap, bool (*fn)(const struct al_map *m, voi
     if (fd >= 0)
         close(fd);
     return stopped;
+}
+
+ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, cap - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    return n;
 }
