@@ -779,6 +779,16 @@ struct al_report {
     bool main_image;       /* the run's main process at its exit (not a child, not before exec) */
 };
 
+/* report.c: figures both writers print, computed once. */
+double _al_report_ns(const struct al_report *r, double cycles);
+uint64_t _al_report_alloc_cycles(const struct al_report *r); /* every row, and the first call */
+struct al_row_stats {
+    const char *op, *size_class, *reuse, *phase;
+    double mean;                 /* cycles */
+    uint64_t p50, p99, p999;     /* cycles */
+};
+void _al_report_row(const struct al_report *r, unsigned row, struct al_row_stats *s);
+
 void _al_report_json(struct al_buf *b, const struct al_report *r);
 void _al_report_memory_json(struct al_buf *b, const struct al_report *r);
 void _al_report_memory_text(struct al_buf *b, const struct al_report *r);

@@ -95,9 +95,41 @@ static void gather(struct al_report *r, bool has_status, int status)
         r->first_cycles = _al_first.cycles;
     }
     _al_waste_final();
+    if (_al_sampler.enabled)
+        _al_sampler_collect();
     r->start_tsc = image_start.tsc;
     r->shadow_bytes = _al_shadow_footprint();
     r->profiler_bytes = _al_mem_footprint() + r->shadow_bytes;
+}
+
+double _al_report_ns(const struct al_report *r, double cycles)
+{
+    return r->cycles_per_ns > 0 ? cycles / r->cycles_per_ns : 0.0;
+}
+
+uint64_t _al_report_alloc_cycles(const struct al_report *r)
+{
+    uint64_t cycles = r->first_excluded ? r->first_cycles : 0;
+    for (unsigned i = 0; i < AL_ROWS; i++)
+        cycles += r->rows[i].cycles;
+    return cycles;
+}
+
+void _al_report_row(const struct al_report *r, unsigned i, struct al_row_stats *s)
+{
+    const struct al_row *row = &r->rows[i];
+    unsigned op, large, reuse, phase;
+    _al_row_split(i, &op, &large, &reuse, &phase);
+    s->op = _al_op_name(op);
+    /* --mode sample does not look a freed object up: its size class is not known. */
+    s->size_class = !_al_timed && (op == AL_OP_FREE || op == AL_OP_DELETE) ? "unknown" : large ? "large" : "small";
+    s->reuse = _al_reuse_name(reuse);
+    s->phase = _al_phase_name(phase);
+    const uint64_t *h = r->hist + (size_t)i * AL_HIST_BUCKETS;
+    s->mean = row->timed ? (double)row->cycles / (double)row->timed : 0.0;
+    s->p50 = _al_hist_quantile(h, row->timed, 0.50);
+    s->p99 = _al_hist_quantile(h, row->timed, 0.99);
+    s->p999 = _al_hist_quantile(h, row->timed, 0.999);
 }
 
 static uint64_t total_calls(const struct al_report *r)

@@ -5,11 +5,6 @@
 
 #include "profiler.h"
 
-static double to_ns(const struct al_report *r, double cycles)
-{
-    return r->cycles_per_ns > 0 ? cycles / r->cycles_per_ns : 0.0;
-}
-
 static void unavailable(struct al_buf *b, const char *key, const char *reason, bool last)
 {
     _al_buf_printf(b, "  \"%s\": { \"available\": false, \"reason\": ", key);
@@ -89,25 +84,17 @@ static void ops(struct al_buf *b, const struct al_report *r)
         const struct al_row *row = &r->rows[i];
         if (!row->count)
             continue;
-        unsigned op, large, reuse, phase;
-        _al_row_split(i, &op, &large, &reuse, &phase);
-        const uint64_t *h = r->hist + (size_t)i * AL_HIST_BUCKETS;
-        double mean = row->timed ? (double)row->cycles / (double)row->timed : 0.0;
-        uint64_t p50 = _al_hist_quantile(h, row->timed, 0.50);
-        uint64_t p99 = _al_hist_quantile(h, row->timed, 0.99);
-        uint64_t p999 = _al_hist_quantile(h, row->timed, 0.999);
+        struct al_row_stats s;
+        _al_report_row(r, i, &s);
         _al_buf_printf(b,
             "%s\n    { \"op\": \"%s\", \"size_class\": \"%s\", \"reuse\": \"%s\", \"phase\": \"%s\", "
             "\"count\": %llu, \"timed\": %llu, \"cycles_total\": %llu, \"cycles_mean\": %.1f, "
             "\"cycles_p50\": %llu, \"cycles_p99\": %llu, \"cycles_p999\": %llu, "
             "\"ns_mean\": %.1f, \"ns_p50\": %.1f, \"ns_p99\": %.1f, \"ns_p999\": %.1f }",
-            first ? "" : ",", _al_op_name(op),
-            !_al_timed && (op == AL_OP_FREE || op == AL_OP_DELETE) ? "unknown" : large ? "large" : "small",
-            _al_reuse_name(reuse),
-            _al_phase_name(phase), (unsigned long long)row->count, (unsigned long long)row->timed,
-            (unsigned long long)row->cycles, mean, (unsigned long long)p50,
-            (unsigned long long)p99, (unsigned long long)p999, to_ns(r, mean),
-            to_ns(r, (double)p50), to_ns(r, (double)p99), to_ns(r, (double)p999));
+            first ? "" : ",", s.op, s.size_class, s.reuse, s.phase, (unsigned long long)row->count,
+            (unsigned long long)row->timed, (unsigned long long)row->cycles, s.mean, (unsigned long long)s.p50,
+            (unsigned long long)s.p99, (unsigned long long)s.p999, _al_report_ns(r, s.mean),
+            _al_report_ns(r, (double)s.p50), _al_report_ns(r, (double)s.p99), _al_report_ns(r, (double)s.p999));
         first = false;
     }
     _al_buf_puts(b, "\n  ],\n");
@@ -167,7 +154,7 @@ static void syscalls(struct al_buf *b, const struct al_report *r)
         }
         _al_buf_printf(b, "%s\n    { \"name\": \"%s\", \"count\": %llu, \"cycles_total\": %llu, \"ns_total\": %.0f, \"by_op\": {",
                        any ? "," : "", _al_syscall_name(k), (unsigned long long)count, (unsigned long long)cycles,
-                       to_ns(r, (double)cycles));
+                       _al_report_ns(r, (double)cycles));
         any = true;
         bool first = true;
         for (unsigned op = 0; op < AL_OP_COUNT; op++) {
@@ -231,19 +218,16 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
     _al_buf_printf(b, "  \"threads\": { \"total\": %llu, \"max_live\": %llu, \"serial_ns\": %.0f, "
                    "\"parallel_ns\": %.0f },\n",
                    (unsigned long long)r->threads.total, (unsigned long long)r->threads.max_live,
-                   to_ns(r, (double)r->threads.serial_cycles), to_ns(r, (double)r->threads.parallel_cycles));
+                   _al_report_ns(r, (double)r->threads.serial_cycles), _al_report_ns(r, (double)r->threads.parallel_cycles));
     ops(b, r);
-    uint64_t cycles = r->first_excluded ? r->first_cycles : 0;
-    for (unsigned i = 0; i < AL_ROWS; i++)
-        cycles += r->rows[i].cycles;
-    _al_buf_printf(b, "  \"allocator_time_ns\": %.0f,\n", to_ns(r, (double)cycles));
+    _al_buf_printf(b, "  \"allocator_time_ns\": %.0f,\n", _al_report_ns(r, (double)_al_report_alloc_cycles(r)));
     if (r->first_excluded) {
         unsigned op, large, reuse, phase;
         _al_row_split(r->first_row, &op, &large, &reuse, &phase);
         _al_buf_printf(b, "  \"first_call\": { \"op\": \"%s\", \"size_class\": \"%s\", \"cycles\": %llu, "
                        "\"ns\": %.0f, \"note\": \"counted in ops, kept out of their cycle figures\" },\n",
                        _al_op_name(op), large ? "large" : "small",
-                       (unsigned long long)r->first_cycles, to_ns(r, (double)r->first_cycles));
+                       (unsigned long long)r->first_cycles, _al_report_ns(r, (double)r->first_cycles));
     }
     _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": %llu },\n",
                    r->cycles_per_ns, (unsigned long long)_al_tsc_overhead);

@@ -194,22 +194,27 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
         _al_mem_unmap(r, (n + 1) * sizeof *r);
 }
 
+/* Every writer names frames alike: FULL, debug information through libdw (the main process),
+ * else the dynamic symbol table's names; C++ names demangled where the C++ runtime is loaded. */
+static void symbols_begin(bool full)
+{
+    full_symbols = full;
+    demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle");
+}
+
 void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_image)
 {
-    full_symbols = main_image;
     if (!_al_sampler.enabled) {
         _al_buf_puts(b, "  \"sites\": { \"available\": false, \"reason\": \"allocation-site sampling is off "
                         "(ALLOCLENS_SAMPLE_RATE=0)\" }\n");
         return;
     }
-    demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle");
-    struct al_sampler_totals tot;
-    _al_sampler_collect(&tot);
+    symbols_begin(main_image);
     _al_sampler_lock();
     _al_buf_printf(b, "  \"sites\": { \"available\": true, \"sample_rate_bytes\": %.0f, \"seed\": %llu, \"sites\": %u, "
                    "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n",
                    _al_sampler.rate, (unsigned long long)_al_sampler.seed, _al_sampler.nsites, _al_sampler.peak_bytes,
-                   tot.live_bytes, (unsigned long long)_al_sampler.dropped);
+                   _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped);
     list_json(b, "top", by_peak, cycles_per_ns, false);
     list_json(b, "top_by_internal_fragmentation", by_frag, cycles_per_ns, false);
     list_json(b, "top_by_allocated", by_alloc, cycles_per_ns, true);
@@ -217,14 +222,13 @@ void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_ima
     _al_sampler_unlock();
 }
 
-void _al_report_sites_text(struct al_buf *b, double cycles_per_ns)
+void _al_report_sites_text(struct al_buf *b)
 {
-    (void)cycles_per_ns;
-    full_symbols = true;
     if (!_al_sampler.enabled) {
         _al_buf_puts(b, "sites        unavailable: sampling is off (ALLOCLENS_SAMPLE_RATE=0)\n");
         return;
     }
+    symbols_begin(true);
     _al_sampler_lock();
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
@@ -273,14 +277,23 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         _al_log("no pprof profile written to %s: sampling is off", path);
         return;
     }
-    full_symbols = true;
-    struct maps *mp = _al_mem_map(sizeof *mp);
+    symbols_begin(true);
     uint32_t n = _al_sampler.nsites;
+    size_t frames_n = (size_t)n * AL_SITE_FRAMES + 1;
+    struct maps *mp = _al_mem_map(sizeof *mp);
     struct al_pprof_sample *samples = _al_mem_map((n + 1) * sizeof *samples);
-    struct al_pprof_frame *frames = _al_mem_map(((size_t)n * AL_SITE_FRAMES + 1) * sizeof *frames);
-    char (*names)[256] = _al_mem_map(((size_t)n * AL_SITE_FRAMES + 1) * 2 * 256);
+    struct al_pprof_frame *frames = _al_mem_map(frames_n * sizeof *frames);
+    char (*names)[256] = _al_mem_map(frames_n * 2 * 256);
     if (!mp || !samples || !frames || !names) {
         _al_log("out of memory writing the pprof profile %s", path);
+        if (mp)
+            _al_mem_unmap(mp, sizeof *mp);
+        if (samples)
+            _al_mem_unmap(samples, (n + 1) * sizeof *samples);
+        if (frames)
+            _al_mem_unmap(frames, frames_n * sizeof *frames);
+        if (names)
+            _al_mem_unmap(names, frames_n * 2 * 256);
         return;
     }
     _al_maps_each(mp->buf, sizeof mp->buf, add_mapping, mp);
@@ -318,8 +331,8 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
     char err[512];
     if (_al_pprof_write(path, &p, err, sizeof err) < 0)
         _al_log("%s", err);
-    _al_mem_unmap(names, ((size_t)n * AL_SITE_FRAMES + 1) * 2 * 256);
-    _al_mem_unmap(frames, ((size_t)n * AL_SITE_FRAMES + 1) * sizeof *frames);
+    _al_mem_unmap(names, frames_n * 2 * 256);
+    _al_mem_unmap(frames, frames_n * sizeof *frames);
     _al_mem_unmap(samples, (n + 1) * sizeof *samples);
     _al_mem_unmap(mp, sizeof *mp);
 }

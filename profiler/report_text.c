@@ -3,11 +3,6 @@
 
 #include "profiler.h"
 
-static double ns(const struct al_report *r, double cycles)
-{
-    return r->cycles_per_ns > 0 ? cycles / r->cycles_per_ns : 0.0;
-}
-
 static void human_time(struct al_buf *b, double t_ns)
 {
     if (t_ns >= 1e9)
@@ -49,17 +44,15 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     human_time(b, (double)r->runtime_ns);
     _al_buf_printf(b, "; threads %llu in all, at most %llu at once; serial ",
                    (unsigned long long)r->threads.total, (unsigned long long)r->threads.max_live);
-    human_time(b, ns(r, (double)r->threads.serial_cycles));
+    human_time(b, _al_report_ns(r, (double)r->threads.serial_cycles));
     _al_buf_puts(b, ", parallel ");
-    human_time(b, ns(r, (double)r->threads.parallel_cycles));
+    human_time(b, _al_report_ns(r, (double)r->threads.parallel_cycles));
     _al_buf_puts(b, "\n");
 
-    uint64_t cycles = r->first_excluded ? r->first_cycles : 0, calls = 0;
-    for (unsigned i = 0; i < AL_ROWS; i++) {
-        cycles += r->rows[i].cycles;
+    uint64_t calls = 0;
+    for (unsigned i = 0; i < AL_ROWS; i++)
         calls += r->rows[i].count;
-    }
-    double in_alloc = ns(r, (double)cycles);
+    double in_alloc = _al_report_ns(r, (double)_al_report_alloc_cycles(r));
     _al_buf_puts(b, "in allocator ");
     human_time(b, in_alloc);
     _al_buf_printf(b, " over %llu calls, all threads (%.1f%% of runtime)\n", (unsigned long long)calls,
@@ -70,16 +63,11 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
         const struct al_row *row = &r->rows[i];
         if (!row->count)
             continue;
-        unsigned op, large, reuse, phase;
-        _al_row_split(i, &op, &large, &reuse, &phase);
-        const uint64_t *h = r->hist + (size_t)i * AL_HIST_BUCKETS;
-        double mean = row->timed ? (double)row->cycles / (double)row->timed : 0.0;
-        _al_buf_printf(b, "%-15s %-6s %-7s %-8s %12llu %10.1f %6llu %6llu %6llu %9.1f\n", _al_op_name(op),
-                       large ? "large" : "small", _al_reuse_name(reuse), _al_phase_name(phase),
-                       (unsigned long long)row->count, mean,
-                       (unsigned long long)_al_hist_quantile(h, row->timed, 0.50),
-                       (unsigned long long)_al_hist_quantile(h, row->timed, 0.99),
-                       (unsigned long long)_al_hist_quantile(h, row->timed, 0.999), ns(r, mean));
+        struct al_row_stats s;
+        _al_report_row(r, i, &s);
+        _al_buf_printf(b, "%-15s %-6s %-7s %-8s %12llu %10.1f %6llu %6llu %6llu %9.1f\n", s.op, s.size_class,
+                       s.reuse, s.phase, (unsigned long long)row->count, s.mean, (unsigned long long)s.p50,
+                       (unsigned long long)s.p99, (unsigned long long)s.p999, _al_report_ns(r, s.mean));
     }
     if (r->first_excluded) {
         unsigned op, large, reuse, phase;
@@ -112,7 +100,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
                 cyc += r->measure.sys.cycles[k][i];
             }
             if (n)
-                _al_buf_printf(b, " %s %llu (%.1f us)", _al_syscall_name(k), (unsigned long long)n, ns(r, (double)cyc) / 1e3);
+                _al_buf_printf(b, " %s %llu (%.1f us)", _al_syscall_name(k), (unsigned long long)n, _al_report_ns(r, (double)cyc) / 1e3);
         }
         _al_buf_puts(b, "\n");
     } else {
@@ -131,9 +119,9 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
         }
         _al_buf_printf(b, "locks        %u pthread locks taken in allocator calls: %llu acquisitions, %llu contended "
                        "(%.1f us waiting); futex waits %llu\n", nlocks, (unsigned long long)acq,
-                       (unsigned long long)cont, ns(r, (double)wait) / 1e3, (unsigned long long)r->measure.sys.futex_waits);
+                       (unsigned long long)cont, _al_report_ns(r, (double)wait) / 1e3, (unsigned long long)r->measure.sys.futex_waits);
     }
-    _al_report_sites_text(b, r->cycles_per_ns);
+    _al_report_sites_text(b);
     _al_buf_printf(b, "profiler     %.1f MiB for its own state (shadow table %.1f MiB)\n\n",
                    (double)r->profiler_bytes / 1048576.0, (double)r->shadow_bytes / 1048576.0);
 }

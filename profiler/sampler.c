@@ -428,11 +428,10 @@ AL_NOINLINE void _al_sample_free(const void *p)
     errno = saved;
 }
 
-void _al_sampler_collect(struct al_sampler_totals *tot)
+void _al_sampler_collect(void)
 {
     lock();
-    tot->live_bytes = s.live_bytes;
-    tot->live_samples = s.nsamples;
+    _al_sampler.live_bytes_at_exit = s.live_bytes;
     if (s.live_bytes > _al_sampler.peak_bytes)
         snapshot(_al_tsc());
     /* Still at the peak: the residency of exactly the peak's samples can be had now. */

@@ -36,11 +36,7 @@ struct al_sampler {
     double peak_bytes;
     uint64_t peak_time;                /* TSC of the peak */
     uint64_t dropped;                  /* samples not kept (table full) */
-};
-
-struct al_sampler_totals {
-    double live_bytes;
-    uint64_t live_samples;
+    double live_bytes_at_exit;         /* estimated, when the report was gathered */
 };
 
 extern struct al_sampler _al_sampler;
@@ -74,7 +70,9 @@ static inline __attribute__((always_inline)) void _al_sample_forget(const void *
 
 void _al_sampler_init(const struct al_settings *s);
 void _al_sampler_thread_init(struct al_thread *t);
-void _al_sampler_collect(struct al_sampler_totals *tot);
+/* The sampler's state for the report, taken once before any writer runs: the last peak
+ * snapshot, the residency of the peak's samples, the live bytes now. */
+void _al_sampler_collect(void);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
 void _al_sampler_atfork_child(void);
@@ -82,7 +80,7 @@ void _al_sampler_atfork_child(void);
 /* report_sites.c */
 struct al_buf;
 void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_image);
-void _al_report_sites_text(struct al_buf *b, double cycles_per_ns);
+void _al_report_sites_text(struct al_buf *b);
 void _al_report_pprof(const char *path, uint64_t runtime_ns);
 
 #endif
