@@ -36,9 +36,23 @@ static struct {
 
 static _Atomic unsigned next_tag;
 
+static size_t array_bytes(size_t bytes)
+{
+    return (bytes + 4095) & ~(size_t)4095;
+}
+
 static void *map_array(size_t bytes)
 {
-    return _al_mem_map((bytes + 4095) & ~(size_t)4095);
+    return _al_mem_map(array_bytes(bytes));
+}
+
+/* An object of class SLOT, REQ bytes requested, EXTRA beyond the class size, counted into
+ * (SIGN 1) or out of (-1) its thread's row: the blowup side is the caller's. */
+static void count_object(struct al_thread *t, uint32_t slot, int sign, uint64_t req, int64_t extra)
+{
+    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], sign);
+    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], sign * (int64_t)req);
+    AL_BUMP(t->cls[slot][AL_CLS_EXTRA], sign * extra);
 }
 
 void _al_waste_init(const struct al_alloc_config *c)
@@ -107,8 +121,7 @@ void _al_waste_thread_retire(struct al_thread *t)
         if (credit) /* no thread of its own to take it back now */
             atomic_fetch_add_explicit(&_al_waste.blowup[s], credit, memory_order_relaxed);
     }
-    size_t bytes = ((size_t)_al_waste.nslots * sizeof *t->cls + 4095) & ~(size_t)4095;
-    madvise(t->cls, bytes, MADV_DONTNEED); /* zero again, and no longer resident */
+    madvise(t->cls, array_bytes(_al_waste.nslots * sizeof *t->cls), MADV_DONTNEED); /* zero again, and no longer resident */
 }
 
 static size_t usable(void *p)
@@ -177,9 +190,7 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
         slot = classify(p, a, req, large, maybe_odd, pages, &odd, &extra, &bytes);
         reused = _al_shadow_object_new(r, a, req, odd, t->tag, &pages);
     }
-    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], 1);
-    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], (int64_t)req);
-    AL_BUMP(t->cls[slot][AL_CLS_EXTRA], extra);
+    count_object(t, slot, 1, req, extra);
     _al_waste_take_blowup(t->cls[slot], slot, bytes);
     _al_waste_countdown(t, req);
     return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
@@ -194,9 +205,7 @@ AL_NOINLINE unsigned _al_waste_count_free(struct al_thread *t, void *p, const st
     int64_t extra, bytes;
     uint32_t slot = classify(p, a, o->requested, large, o->odd, o->pages, &odd, &extra, &bytes);
     _al_waste_countback(t, o->requested);
-    AL_BUMP(t->cls[slot][AL_CLS_OBJECTS], -1);
-    AL_BUMP(t->cls[slot][AL_CLS_REQUESTED], -(int64_t)o->requested);
-    AL_BUMP(t->cls[slot][AL_CLS_EXTRA], -extra);
+    count_object(t, slot, -1, o->requested, extra);
     _al_waste_raise_blowup(t->cls[slot], slot, bytes);
     if (undo) {
         undo->requested = o->requested;
@@ -216,9 +225,7 @@ void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo 
     if (!r)
         return;
     _al_shadow_object_new(r, a, u->requested, u->odd, t->tag, &pages);
-    AL_BUMP(t->cls[u->slot][AL_CLS_OBJECTS], 1);
-    AL_BUMP(t->cls[u->slot][AL_CLS_REQUESTED], (int64_t)u->requested);
-    AL_BUMP(t->cls[u->slot][AL_CLS_EXTRA], u->extra);
+    count_object(t, u->slot, 1, u->requested, u->extra);
     _al_waste_take_blowup(t->cls[u->slot], u->slot, u->bytes);
 }
 
