@@ -15,16 +15,22 @@
 
 #include "interpose.h"
 
+/* The real call CALL, timed: the cycle counter around it; around that, what the SIGSYS handler
+ * and the lock wrappers need to know (which op, small or large), the syscall selector, and
+ * the 1-in-N event counting. Leaves c0 and c1 for the caller. */
+#define AL_TIMED_CALL(op, large, call)                                                 \
+    bool counted_ = _al_call_begin(t, AL_OP_##op, large);                              \
+    uint64_t c0 = _al_tsc();                                                           \
+    call;                                                                              \
+    uint64_t c1 = _al_tsc();                                                           \
+    _al_call_end(t, AL_OP_##op, counted_)
+
 #define WRAP_ALLOC(op, sym, params, args, size, target)                                \
     static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
                                                                    AL_STRIP(params))   \
     {                                                                                  \
         unsigned large = (size) >= _al_large_threshold;                                \
-        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
-        uint64_t c0 = _al_tsc();                                                       \
-        void *r = _al_real.sym args;                                                   \
-        uint64_t c1 = _al_tsc();                                                       \
-        _al_call_end(t, AL_OP_##op, counted);                                          \
+        AL_TIMED_CALL(op, large, void *r = _al_real.sym args);                         \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
     }                                                                                  \
@@ -86,11 +92,7 @@
         else if (p)                                                                    \
             was_large = _al_mark_free(p);                                              \
         unsigned large = (size) >= _al_large_threshold;                                \
-        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
-        uint64_t c0 = _al_tsc();                                                       \
-        void *r = _al_real.sym args;                                                   \
-        uint64_t c1 = _al_tsc();                                                       \
-        _al_call_end(t, AL_OP_##op, counted);                                          \
+        AL_TIMED_CALL(op, large, void *r = _al_real.sym args);                         \
         /* Failed: the old object is still the program's. */                           \
         if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
             if (had)                                                                   \
@@ -143,11 +145,7 @@
     {                                                                                  \
         unsigned large = !p ? 0 : AL_LIKELY(_al_records) ? _al_waste_free(t, p, NULL) & 1 \
                                                          : _al_mark_free(p);           \
-        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
-        uint64_t c0 = _al_tsc();                                                       \
-        _al_real.sym args;                                                             \
-        uint64_t c1 = _al_tsc();                                                       \
-        _al_call_end(t, AL_OP_##op, counted);                                          \
+        AL_TIMED_CALL(op, large, _al_real.sym args);                                   \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \
     static AL_NOINLINE void full_##sym(struct al_thread *t, AL_STRIP(params))          \
@@ -205,11 +203,7 @@
                                                                  AL_STRIP(params))     \
     {                                                                                  \
         unsigned large = (size) >= _al_large_threshold;                                \
-        bool counted = _al_call_begin(t, AL_OP_##op, large);                           \
-        uint64_t c0 = _al_tsc();                                                       \
-        int rc = _al_real.sym args;                                                    \
-        uint64_t c1 = _al_tsc();                                                       \
-        _al_call_end(t, AL_OP_##op, counted);                                          \
+        AL_TIMED_CALL(op, large, int rc = _al_real.sym args);                          \
         _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
     }                                                                                  \
