@@ -23,7 +23,7 @@
     uint64_t c0 = _al_tsc();                                                           \
     call;                                                                              \
     uint64_t c1 = _al_tsc();                                                           \
-    _al_call_end(t, AL_OP_##op, counted_)
+    _al_call_end(t, AL_OP_##op, counted_, c1 - c0)
 
 #define WRAP_ALLOC(op, sym, params, args, size, target)                                \
     static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \

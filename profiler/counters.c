@@ -2,15 +2,22 @@
  *
  * Init (start-up, once): names are resolved with libpfm4, which knows the CPU's own PMU events
  * and the generic perf names (cycles, cache-misses, page-faults, ...), then probed with
- * perf_event_open on the calling thread. libpfm4 allocates while it initializes and parses;
- * that happens here only, under the lead's start-up guard.
+ * perf_event_open on the calling thread, the whole set as a thread will open it. libpfm4
+ * allocates while it initializes and parses; that happens here only, under the lead's start-up
+ * guard.
  *
- * Per thread (hot path, after init): the group is opened on the thread's first counted call
- * and read with rdpmc where the kernel allows user-space reads of that counter, read(2)
- * otherwise. Nothing after init allocates.
- *
- * The ring-buffer parser at the end is not on any path of the profiler yet: it is the reader
- * for sampled events with addresses (page faults by address), tested on its own. */
+ * Per thread (after init): the events are opened on the thread's first counted call. Hardware
+ * counters are read with rdpmc where the kernel allows user-space reads of that counter, read(2)
+ * otherwise. Software events have no user-space read, and a read(2) on each side of a call
+ * costs more than the call and lands in the task-clock it measures (hundreds of ns per malloc
+ * on these VMs), so each one samples every occurrence (period 1) into one ring per thread,
+ * mapped here: a counted call notes the ring's head before and counts the records written
+ * until after, without a system call. task-clock and cpu-clock cannot be sampled per
+ * occurrence; the ring's owner, a dummy event, writes the kernel's switch-out and switch-in
+ * records (with their perf-clock times), and a clock event's value for the call is its cycles
+ * less the time between those records. Between counted calls the ring may fill; the kernel
+ * then drops records (cheaply), and the next counted call frees it first. Nothing after init
+ * allocates. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -53,6 +60,15 @@ static long perf_open(struct perf_event_attr *attr, int group_fd)
 static bool is_software(const struct perf_event_attr *attr)
 {
     return attr->type == PERF_TYPE_SOFTWARE;
+}
+
+static enum al_event_kind kind_of(const struct perf_event_attr *a)
+{
+    if (!is_software(a))
+        return AL_EV_HARDWARE;
+    if (a->config == PERF_COUNT_SW_TASK_CLOCK || a->config == PERF_COUNT_SW_CPU_CLOCK)
+        return AL_EV_CLOCK;
+    return AL_EV_RING;
 }
 
 int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err, size_t errcap)
@@ -144,43 +160,17 @@ static int probe(struct al_event *ev, bool *user_only)
     return 0;
 }
 
-/* The group an event joins: hardware events share one group, led by the first of them, so
- * they are scheduled on the PMU together. Software events are opened on their own: they need
- * no PMU slot, and in a group they read wrong (a task-clock sibling reads a stale 0 until the
- * thread is scheduled out; page-faults under a task-clock leader read 0 with exclude_kernel). */
-static int group_of(const struct perf_event_attr *a, int *hw_leader)
-{
-    if (is_software(a))
-        return -1;
-    return *hw_leader;
-}
+static int open_set(struct al_thread_counters *c, unsigned *failed);
+static void close_set(struct al_thread_counters *c, bool mapped);
 
-static void joined(const struct perf_event_attr *a, int fd, int *hw_leader)
-{
-    if (!is_software(a) && *hw_leader < 0)
-        *hw_leader = fd;
-}
-
-/* Probes the whole set as it will be opened per thread. 0 or an errno. */
+/* Opens the whole set as a thread will, and closes it. 0 or an errno. */
 static int probe_group(void)
 {
-    int fds[AL_MAX_EVENTS];
-    int ret = 0, leader = -1;
-    unsigned n = 0;
-    for (; n < _al_counters.nevents; n++) {
-        struct perf_event_attr a = _al_counters.events[n].attr;
-        a.disabled = 1;
-        long fd = perf_open(&a, group_of(&a, &leader));
-        if (fd < 0) {
-            ret = errno ? errno : EINVAL;
-            break;
-        }
-        fds[n] = (int)fd;
-        joined(&a, (int)fd, &leader);
-    }
-    while (n-- > 0)
-        close(fds[n]);
-    return ret;
+    struct al_thread_counters c;
+    unsigned failed;
+    int e = open_set(&c, &failed);
+    close_set(&c, true);
+    return e;
 }
 
 static __attribute__((format(printf, 1, 2))) void set_unavailable(const char *fmt, ...)
@@ -244,6 +234,7 @@ static void resolve_list(const char *list, bool user)
             continue;
         }
         memcpy(ev->name, name, strlen(name) + 1);
+        ev->kind = kind_of(&ev->attr);
         _al_counters.nevents++;
     }
 }
@@ -372,6 +363,15 @@ void _al_counters_init(const char *events, unsigned sample_every)
                  "%ssoftware events count user mode only (kernel.perf_event_paranoid = %d)",
                  len ? "; " : "", par);
     }
+    for (unsigned i = 0; i < _al_counters.nevents; i++) {
+        if (_al_counters.events[i].kind != AL_EV_CLOCK)
+            continue;
+        size_t len = strlen(_al_counters.reason);
+        snprintf(_al_counters.reason + len, sizeof _al_counters.reason - len,
+                 "%s%s: the call's cycles less its time switched out", len ? "; " : "",
+                 _al_counters.events[i].name);
+        break;
+    }
     /* A user-named set made only of software events is software too, and says so. */
     if (user) {
         bool all_sw = true;
@@ -396,66 +396,140 @@ static size_t page_size(void)
     return v;
 }
 
-/* Closes the thread's group and forgets it (state 0). The thread that owned it must make no
- * further counted call on this state; after fork, the child closes every copied state. */
-void _al_counters_thread_close(struct al_thread_counters *c)
+/* MAPPED: the ring and rdpmc pages are mapped in this process (the kernel does not copy them
+ * into a fork child, where something else may be mapped there since). */
+static void close_set(struct al_thread_counters *c, bool mapped)
 {
-    if (c->state == 1) {
-        for (unsigned i = AL_MAX_EVENTS; i-- > 0;) {
-            if (c->page[i])
-                munmap(c->page[i], page_size());
-            c->page[i] = NULL;
-        }
-        for (unsigned i = AL_MAX_EVENTS; i-- > 0;) {
-            if (c->fd[i] >= 0)
-                close(c->fd[i]);
-            c->fd[i] = -1;
-        }
+    if (c->ring && mapped)
+        munmap(c->ring, (1 + AL_RING_PAGES) * page_size());
+    c->ring = NULL;
+    for (unsigned i = AL_MAX_EVENTS; i-- > 0;) {
+        if (c->page[i] && mapped)
+            munmap(c->page[i], page_size());
+        c->page[i] = NULL;
+        if (c->fd[i] >= 0)
+            close(c->fd[i]);
+        c->fd[i] = -1;
     }
+    if (c->ring_fd >= 0)
+        close(c->ring_fd);
+    c->ring_fd = -1;
+}
+
+void _al_counters_thread_close(struct al_thread_counters *c, bool fork_child)
+{
+    if (c->state == 1)
+        close_set(c, !fork_child);
     /* Back to "not opened": a state reused by another thread (or copied into a fork child,
-     * where the fds count the parent's thread and the pages are not mapped) opens its own. */
+     * where the fds count the parent's thread) opens its own. */
     c->state = 0;
 }
 
-static AL_COLD void open_group(struct al_thread_counters *c)
+/* The ring: a dummy event that writes nothing but, when a clock event needs them, the
+ * thread's switch records with their times; the software events' samples are redirected
+ * into it. Wakeups only when it is full: nobody waits on it. */
+static int open_ring(struct al_thread_counters *c, bool switches)
 {
-    unsigned n = _al_counters.nevents;
-    if (!_al_counters.available || n == 0) {
-        c->state = -1;
-        return;
-    }
-    for (unsigned i = 0; i < AL_MAX_EVENTS; i++) {
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.type = PERF_TYPE_SOFTWARE;
+    a.config = PERF_COUNT_SW_DUMMY;
+    a.exclude_kernel = 1;
+    a.exclude_hv = 1;
+    a.context_switch = switches;
+    a.sample_id_all = 1;
+    a.sample_type = PERF_SAMPLE_TIME;
+    a.watermark = 1;
+    a.wakeup_watermark = AL_RING_PAGES * (uint32_t)page_size();
+    long fd = perf_open(&a, -1);
+    if (fd < 0)
+        return errno ? errno : EINVAL;
+    c->ring_fd = (int)fd;
+    void *base = mmap(NULL, (1 + AL_RING_PAGES) * page_size(), PROT_READ | PROT_WRITE, MAP_SHARED,
+                      (int)fd, 0);
+    if (base == MAP_FAILED)
+        return errno ? errno : ENOMEM;
+    c->ring = base;
+    return 0;
+}
+
+/* Opens every event of the set on this thread into C. 0, or an errno with *FAILED the index
+ * of the event that could not be opened (nevents: the ring). Hardware events share one group,
+ * led by the first of them, so they are scheduled on the PMU together. */
+static int open_set(struct al_thread_counters *c, unsigned *failed)
+{
+    memset(c, 0, sizeof *c);
+    c->ring_fd = -1;
+    for (unsigned i = 0; i < AL_MAX_EVENTS; i++)
         c->fd[i] = -1;
-        c->page[i] = NULL;
+    unsigned n = _al_counters.nevents;
+    bool ring = false, clock = false;
+    for (unsigned i = 0; i < n; i++) {
+        ring = ring || _al_counters.events[i].kind != AL_EV_HARDWARE;
+        clock = clock || _al_counters.events[i].kind == AL_EV_CLOCK;
     }
+    *failed = n;
+    int e;
+    if (ring && (e = open_ring(c, clock)) != 0)
+        return e;
     int leader = -1;
     for (unsigned i = 0; i < n; i++) {
-        struct perf_event_attr a = _al_counters.events[i].attr;
+        const struct al_event *ev = &_al_counters.events[i];
+        if (ev->kind == AL_EV_CLOCK)
+            continue;
+        struct perf_event_attr a = ev->attr;
         a.disabled = 0;
         a.read_format = 0;
         a.inherit = 0;
-        long fd = perf_open(&a, group_of(&a, &leader));
-        if (fd < 0) {
-            static _Atomic int warned;
-            int e = errno; /* named, not strerror(): no gettext (which may allocate) after init */
-            if (!atomic_exchange_explicit(&warned, 1, memory_order_relaxed))
-                _al_log("counters: a thread could not open its event group (perf_event_open '%s': %s); "
-                        "its calls are not counted", _al_counters.events[i].name, strerrorname_np(e));
-            c->state = 1;
-            _al_counters_thread_close(c);
-            c->state = -1;
-            return;
+        if (ev->kind == AL_EV_RING) {
+            a.sample_period = 1;
+            a.sample_type = PERF_SAMPLE_IDENTIFIER;
         }
+        *failed = i;
+        long fd = perf_open(&a, ev->kind == AL_EV_HARDWARE ? leader : -1);
+        if (fd < 0)
+            return errno ? errno : EINVAL;
         c->fd[i] = (int)fd;
-        joined(&a, (int)fd, &leader);
-        if (is_software(&a))
+        if (ev->kind == AL_EV_RING) {
+            if (ioctl((int)fd, PERF_EVENT_IOC_SET_OUTPUT, c->ring_fd) != 0 ||
+                ioctl((int)fd, PERF_EVENT_IOC_ID, &c->id[i]) != 0)
+                return errno ? errno : EINVAL;
             continue;
-        /* Hardware: the mmap page tells whether user space may rdpmc this counter. */
+        }
+        if (leader < 0)
+            leader = (int)fd;
+        /* The mmap page tells whether user space may rdpmc this counter. */
         void *pg = mmap(NULL, page_size(), PROT_READ, MAP_SHARED, (int)fd, 0);
         if (pg != MAP_FAILED)
             c->page[i] = pg;
     }
-    c->state = 1;
+    *failed = n;
+    return 0;
+}
+
+static AL_COLD void open_group(struct al_thread_counters *c)
+{
+    if (!_al_counters.available || _al_counters.nevents == 0) {
+        c->state = -1;
+        return;
+    }
+    unsigned countdown = c->countdown, failed;
+    int e = open_set(c, &failed);
+    c->countdown = countdown;
+    if (e == 0) {
+        c->state = 1;
+        return;
+    }
+    static _Atomic int warned;
+    bool ev = failed < _al_counters.nevents;
+    /* errno named, not strerror(): no gettext (which may allocate) after init */
+    if (!atomic_exchange_explicit(&warned, 1, memory_order_relaxed))
+        _al_log("counters: a thread could not open %s%s%s (%s); its calls are not counted",
+                ev ? "event '" : "its perf ring", ev ? _al_counters.events[failed].name : "",
+                ev ? "'" : "", strerrorname_np(e));
+    close_set(c, true);
+    c->state = -1;
 }
 
 int _al_counter_read_fd(int fd, uint64_t *value)
@@ -530,22 +604,88 @@ void _al_counters_before(struct al_thread_counters *c)
         return;
     unsigned n = _al_counters.nevents;
     for (unsigned i = 0; i < n; i++)
-        c->start[i] = read_one(c, i);
+        if (_al_counters.events[i].kind == AL_EV_HARDWARE)
+            c->start[i] = read_one(c, i);
+    if (c->ring) {
+        /* What the ring holds is from before this call: freed unread. */
+        struct perf_event_mmap_page *pc = c->ring;
+        uint64_t head = __atomic_load_n(&pc->data_head, __ATOMIC_ACQUIRE);
+        __atomic_store_n(&pc->data_tail, head, __ATOMIC_RELEASE);
+        c->ring_start = head;
+    }
 }
 
-void _al_counters_after(struct al_thread_counters *c, uint64_t *sums)
+void _al_ring_window_add(const struct perf_event_header *rec, void *arg)
+{
+    struct al_ring_window *w = arg;
+    if (rec->type == PERF_RECORD_SAMPLE && rec->size >= sizeof *rec + 8) {
+        uint64_t id;
+        memcpy(&id, rec + 1, sizeof id); /* PERF_SAMPLE_IDENTIFIER comes first */
+        for (unsigned i = 0; i < _al_counters.nevents; i++)
+            if (w->c->id[i] == id && _al_counters.events[i].kind == AL_EV_RING)
+                w->count[i]++;
+    } else if (rec->type == PERF_RECORD_SWITCH && rec->size >= sizeof *rec + 8) {
+        uint64_t time;
+        memcpy(&time, (const char *)rec + rec->size - 8, sizeof time); /* sample_id: the time */
+        if (rec->misc & PERF_RECORD_MISC_SWITCH_OUT) {
+            w->switched_out = time;
+        } else if (w->switched_out && time >= w->switched_out) {
+            w->off_cpu_ns += time - w->switched_out;
+            w->switched_out = 0;
+        }
+    }
+}
+
+bool _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t *sums,
+                        uint64_t *off_cpu_ns)
 {
     unsigned every = _al_counters.sample_every;
     c->countdown = every ? every : 1;
     if (c->state != 1)
-        return;
-    unsigned n = _al_counters.nevents;
-    for (unsigned i = n; i-- > 0;) {
-        uint64_t v = read_one(c, i);
-        if (v == READ_FAILED || c->start[i] == READ_FAILED || v < c->start[i])
-            continue;
-        AL_BUMP(sums[i], v - c->start[i]);
+        return false;
+    struct al_ring_window w = { .c = c };
+    if (c->ring) {
+        struct perf_event_mmap_page *pc = c->ring;
+        size_t data = AL_RING_PAGES * page_size();
+        uint64_t head = __atomic_load_n(&pc->data_head, __ATOMIC_ACQUIRE);
+        /* Full (the kernel writes a record only where it fits whole): some were dropped. */
+        if (head - c->ring_start > data - 64) {
+            __atomic_store_n(&pc->data_tail, head, __ATOMIC_RELEASE);
+            return false;
+        }
+        if (head != c->ring_start)
+            _al_perf_ring_drain(c->ring, data, _al_ring_window_add, &w);
     }
+    cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
+    for (unsigned i = _al_counters.nevents; i-- > 0;) {
+        switch (_al_counters.events[i].kind) {
+        case AL_EV_HARDWARE: {
+            uint64_t v = read_one(c, i);
+            if (v != READ_FAILED && c->start[i] != READ_FAILED && v >= c->start[i])
+                AL_BUMP(sums[i], v - c->start[i]);
+            break;
+        }
+        case AL_EV_RING:
+            AL_BUMP(sums[i], w.count[i]);
+            break;
+        case AL_EV_CLOCK:
+            AL_BUMP(sums[i], cycles);
+            break;
+        }
+    }
+    AL_BUMP(*off_cpu_ns, w.off_cpu_ns);
+    return true;
+}
+
+double _al_counter_per_op(unsigned e, uint64_t sum, uint64_t off_cpu_ns, uint64_t ops,
+                          double cycles_per_ns)
+{
+    if (ops == 0 || e >= _al_counters.nevents)
+        return 0.0;
+    if (_al_counters.events[e].kind != AL_EV_CLOCK)
+        return (double)sum / (double)ops;
+    double ns = cycles_per_ns > 0 ? (double)sum / cycles_per_ns - (double)off_cpu_ns : 0.0;
+    return ns > 0 ? ns / (double)ops : 0.0;
 }
 
 /* ---- perf ring buffer ------------------------------------------------------------------- */

@@ -38,8 +38,7 @@ const struct al_option _al_options[AL_OPT_N] = {
         "cache-misses, dTLB-load-misses, page-faults (software events where there is no PMU); "
         "'off': none" },
     [AL_OPT_SAMPLE_EVERY] = { "sample-every", "ALLOCLENS_SAMPLE_EVERY", AL_OPT_INT, "100", 1, 1000000,
-        "count events around 1 allocator call in N (software events, read with a system call "
-        "each: 1 in 1000 unless set)" },
+        "count events around 1 allocator call in N" },
     [AL_OPT_SYSCALLS] = { "syscalls", "ALLOCLENS_SYSCALLS", AL_OPT_INT, "1", 0, 1,
         "1: count the allocator's own system calls, with syscall user dispatch; 0: off" },
     [AL_OPT_ALLOCATOR] = { "allocator", "ALLOCLENS_ALLOCATOR", AL_OPT_STRING, "", 0, 0,
@@ -159,7 +158,7 @@ void _al_settings_load(struct al_settings *s)
     s->pprof = str_setting(AL_OPT_PPROF, s->pprof_buf, sizeof s->pprof_buf);
     s->sample_rate = (uint64_t)num_setting(AL_OPT_SAMPLE_RATE, &given);
     s->events = str_setting(AL_OPT_EVENTS, s->events_buf, sizeof s->events_buf);
-    s->sample_every = (unsigned)num_setting(AL_OPT_SAMPLE_EVERY, &s->sample_every_set);
+    s->sample_every = (unsigned)num_setting(AL_OPT_SAMPLE_EVERY, &given);
     s->syscalls = num_setting(AL_OPT_SYSCALLS, &given) != 0;
     s->seed = (uint64_t)num_setting(AL_OPT_SEED, &given);
     const char *mode = getenv(_al_options[AL_OPT_MODE].env);

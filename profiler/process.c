@@ -114,10 +114,6 @@ void _al_process_start(void)
         if (_al_settings.events && strcmp(_al_settings.events, "off") != 0) {
             _al_counters_init(strcmp(_al_settings.events, "default") ? _al_settings.events : NULL,
                               _al_settings.sample_every);
-            /* Software events cost a system call per read, hardware ones an instruction: at
-             * 1 in 100 they would cost more than the timing itself. */
-            if (_al_counters.available && _al_counters.software && !_al_settings.sample_every_set)
-                _al_counters.sample_every = 1000;
         } else {
             _al_counters.available = false;
             snprintf(_al_counters.reason, sizeof _al_counters.reason, "off (--events off)");

@@ -249,7 +249,6 @@ struct al_settings {
     const char *pprof;      /* pprof heap profile path, or NULL */
     const char *events;     /* events to count, or NULL for the default set */
     unsigned sample_every;  /* count events around 1 op in N */
-    bool sample_every_set;  /* given explicitly */
     bool syscalls;          /* count the allocator's system calls (syscall user dispatch) */
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
@@ -327,6 +326,7 @@ struct al_thread {
     unsigned nheld;
     struct al_held held[AL_HELD_MAX];
     uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
+    uint64_t ctr_off_cpu_ns[AL_OP_COUNT];  /* counted calls' time switched out */
     uint64_t ctr_ops[AL_OP_COUNT];
     struct al_thread_syscalls sys;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
@@ -357,6 +357,7 @@ struct al_thread_totals {
 struct al_measure_totals {
     struct al_thread_syscalls sys;
     uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
+    uint64_t ctr_off_cpu_ns[AL_OP_COUNT];  /* counted calls' time switched out */
     uint64_t ctr_ops[AL_OP_COUNT];
 };
 
@@ -539,14 +540,13 @@ AL_INLINE bool _al_call_begin(struct al_thread *t, unsigned op, unsigned large)
     return counted;
 }
 
-AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted)
+AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted, uint64_t cycles)
 {
     t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
     t->in_call = 0;
-    if (AL_UNLIKELY(counted)) {
-        _al_counters_after(&t->ctr, t->ctr_sums[op]);
+    if (AL_UNLIKELY(counted) &&
+        _al_counters_after(&t->ctr, cycles, t->ctr_sums[op], &t->ctr_off_cpu_ns[op]))
         AL_BUMP(t->ctr_ops[op], 1);
-    }
 }
 
 const char *_al_syscall_name(unsigned kind);
@@ -781,6 +781,8 @@ struct al_report {
 
 /* report.c: figures both writers print, computed once. */
 double _al_report_ns(const struct al_report *r, double cycles);
+/* Event E's average per counted call of OP. */
+double _al_report_counter(const struct al_report *r, unsigned op, unsigned e);
 uint64_t _al_report_alloc_cycles(const struct al_report *r); /* every row, and the first call */
 struct al_row_stats {
     const char *op, *size_class, *reuse, *phase;

@@ -102,6 +102,12 @@ static void gather(struct al_report *r, bool has_status, int status)
     r->profiler_bytes = _al_mem_footprint() + r->shadow_bytes;
 }
 
+double _al_report_counter(const struct al_report *r, unsigned op, unsigned e)
+{
+    return _al_counter_per_op(e, r->measure.ctr_sums[op][e], r->measure.ctr_off_cpu_ns[op],
+                              r->measure.ctr_ops[op], r->cycles_per_ns);
+}
+
 double _al_report_ns(const struct al_report *r, double cycles)
 {
     return r->cycles_per_ns > 0 ? cycles / r->cycles_per_ns : 0.0;

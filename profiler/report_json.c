@@ -133,7 +133,7 @@ static void counters(struct al_buf *b, const struct al_report *r)
             if (!r->measure.ctr_ops[op])
                 continue;
             _al_buf_printf(b, "%s \"%s\": %.4f", first ? "" : ",", _al_op_name(op),
-                           (double)r->measure.ctr_sums[op][e] / (double)r->measure.ctr_ops[op]);
+                           _al_report_counter(r, op, e));
             first = false;
         }
         _al_buf_puts(b, " } }");

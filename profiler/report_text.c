@@ -83,8 +83,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
             _al_buf_printf(b, "  %-22s", c->events[e].name);
             for (unsigned op = 0; op < AL_OP_COUNT; op++)
                 if (r->measure.ctr_ops[op])
-                    _al_buf_printf(b, " %s %.2f", _al_op_name(op),
-                                   (double)r->measure.ctr_sums[op][e] / (double)r->measure.ctr_ops[op]);
+                    _al_buf_printf(b, " %s %.2f", _al_op_name(op), _al_report_counter(r, op, e));
             _al_buf_puts(b, "  (per op)\n");
         }
     } else {

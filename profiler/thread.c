@@ -79,6 +79,7 @@ static void add_extra(struct al_measure_totals *d, const struct al_thread *t)
     d->sys.futex_waits += AL_READ(t->sys.futex_waits);
     for (unsigned op = 0; op < AL_OP_COUNT; op++) {
         d->ctr_ops[op] += AL_READ(t->ctr_ops[op]);
+        d->ctr_off_cpu_ns[op] += AL_READ(t->ctr_off_cpu_ns[op]);
         for (unsigned e = 0; e < AL_MAX_EVENTS; e++)
             d->ctr_sums[op][e] += AL_READ(t->ctr_sums[op][e]);
     }
@@ -95,6 +96,7 @@ static void clear_state(struct al_thread *t)
     memset(t->rows, 0, sizeof t->rows);
     memset(&t->sys, 0, sizeof t->sys);
     memset(t->ctr_sums, 0, sizeof t->ctr_sums);
+    memset(t->ctr_off_cpu_ns, 0, sizeof t->ctr_off_cpu_ns);
     memset(t->ctr_ops, 0, sizeof t->ctr_ops);
     t->nheld = 0;
     for (unsigned i = 0; i < AL_ROWS; i++)
@@ -154,7 +156,7 @@ static void thread_exit(void *arg)
         phase_account(before);
     }
     /* Before the state can be handed to a new thread, which must not read these fds. */
-    _al_counters_thread_close(&t->ctr);
+    _al_counters_thread_close(&t->ctr, false);
     clear_state(t);
     t->next = reg.spare;
     reg.spare = t;
@@ -244,8 +246,7 @@ void _al_threads_after_fork_child(void)
     reg.live = NULL;
     while (t) {
         struct al_thread *next = t->next;
-        /* The counters count the parent's threads (and their rdpmc pages are not copied). */
-        _al_counters_thread_close(&t->ctr);
+        _al_counters_thread_close(&t->ctr, true);
         if (t != self)
             _al_waste_thread_retire(t); /* its objects live on in the child */
         clear_state(t);

@@ -115,6 +115,8 @@ else:
     tap.skip("sys_contend under jemalloc", "jemalloc not found")
 
 # 3. sys_faults under glibc: one fresh page touched inside every malloc, every op sampled.
+# task-clock, the call's cycles less its time switched out, is at most the call's wall time
+# (a read(2) on each side of the call would add its own kernel time: many times a malloc's).
 # MALLOC_PERTURB_ (meson sets a random one) makes glibc fill every block inside malloc: then
 # each 1 MiB block (at offset 16 of its mapping) spans 257 pages, all touched in malloc.
 for perturb in (None, "165"):
@@ -124,7 +126,7 @@ for perturb in (None, "165"):
         env["MALLOC_PERTURB_"] = perturb
     label = f"sys_faults under glibc (MALLOC_PERTURB_={perturb or 'unset'})"
     proc, rep = run("glibc", [FAULTS], wd, name=f"faults-{perturb}", env=env,
-                    extra=["--events", "page-faults", "--sample-every", "1"])
+                    extra=["--events", "page-faults,task-clock", "--sample-every", "1"])
     out = proc.stdout.decode().split()
     ctr = (rep or {}).get("counters", {})
     tap.diag(f"{label}: counters {ctr}")
@@ -145,6 +147,30 @@ for perturb in (None, "165"):
            f"{label}: page-faults per malloc {got} within 10% of the truth "
            f"{n}*{per_block}/{ops} = {expect:.3f}", per)
     tap.ok(per.get("free", 1) <= 0.1, f"{label}: page-faults per free {per.get('free')} ~ 0 (munmap)")
+    rows = [r for r in rep.get("ops", []) if r["op"] == "malloc"]
+    timed = sum(r["timed"] for r in rows)
+    wall = sum(r["cycles_total"] for r in rows) / rep["timing"]["cycles_per_ns"] / max(timed, 1)
+    tc = ev.get("task-clock", {}).get("per_op", {}).get("malloc")
+    tap.ok(tc is not None and 0.3 * wall <= tc <= 1.1 * wall + 1000,
+           f"{label}: task-clock per malloc {tc} ns, within the malloc's mean wall time "
+           f"{wall:.0f} ns", ev.get("task-clock"))
+
+# 3b. The same bound on a call far shorter than a system call: 200000 malloc(48)/free pairs.
+env = dict(os.environ)
+proc, rep = run("glibc", [CONTEND, "1"], wd, name="contend-clock", env=env,
+                extra=["--events", "task-clock", "--sample-every", "1"])
+ctr = (rep or {}).get("counters", {})
+if tap.ok(proc.returncode == 0 and ctr.get("available") is True,
+          "sys_contend 1 under glibc, task-clock on every call: ran, counters available",
+          proc.stderr.decode()[-2000:]):
+    for op in ("malloc", "free"):
+        rows = [r for r in rep.get("ops", []) if r["op"] == op]
+        timed = sum(r["timed"] for r in rows)
+        wall = sum(r["cycles_total"] for r in rows) / rep["timing"]["cycles_per_ns"] / max(timed, 1)
+        tc = ctr["events"][0]["per_op"].get(op)
+        tap.ok(tc is not None and 0.3 * wall <= tc <= 1.1 * wall + 20,
+               f"sys_contend 1: task-clock per {op} {tc} ns, within its mean wall time {wall:.1f} ns",
+               ctr)
 
 # 4. sys_sigsys: own SIGSYS handler and a seccomp filter, output and status as the plain run.
 def plain(cmd, lib):

@@ -233,7 +233,7 @@ START_TEST(count_page_faults)
     struct al_thread_counters c;
     memset(&c, 0, sizeof c);
     c.countdown = _al_counters.sample_every;
-    uint64_t sums[AL_MAX_EVENTS] = { 0 };
+    uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     for (int round = 0; round < 3; round++) {
         char *p = fresh_pages(N);
         ck_assert(_al_counters_due(&c));
@@ -241,7 +241,7 @@ START_TEST(count_page_faults)
         _al_counters_before(&c);
         ck_assert_int_eq(c.state, 1);
         touch(p, N);
-        _al_counters_after(&c, sums);
+        ck_assert(_al_counters_after(&c, 0, sums, &off));
         ck_assert_uint_eq(c.countdown, 1);
         uint64_t d = sums[0] - before;
         ck_assert_msg(d >= N && d <= N + 8, "round %d: %llu page faults for %d pages", round,
@@ -256,21 +256,21 @@ START_TEST(count_page_faults)
     ck_assert(!_al_counters_due(&c));
     ck_assert(_al_counters_due(&c));
     _al_counters_before(&c);
-    _al_counters_after(&c, sums);
+    _al_counters_after(&c, 0, sums, &off);
     ck_assert_uint_eq(c.countdown, 3);
 
     /* Closed: back to "not opened", so a state reused by another thread opens its own. */
-    _al_counters_thread_close(&c);
+    _al_counters_thread_close(&c, false);
     ck_assert_int_eq(c.state, 0);
     ck_assert_int_eq(c.fd[0], -1);
-    _al_counters_thread_close(&c); /* twice: harmless */
+    _al_counters_thread_close(&c, false); /* twice: harmless */
     uint64_t keep = sums[0];
     _al_counters_before(&c);
     ck_assert_int_eq(c.state, 1);
     touch(fresh_pages(4), 4);
-    _al_counters_after(&c, sums);
+    _al_counters_after(&c, 0, sums, &off);
     ck_assert_uint_ge(sums[0] - keep, 4);
-    _al_counters_thread_close(&c);
+    _al_counters_thread_close(&c, false);
 }
 END_TEST
 
@@ -284,20 +284,25 @@ START_TEST(count_default_set)
     struct al_thread_counters c;
     memset(&c, 0, sizeof c);
     c.countdown = 1;
-    uint64_t sums[AL_MAX_EVENTS] = { 0 };
+    uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     char *p = fresh_pages(32);
     _al_counters_before(&c);
     ck_assert_int_eq(c.state, 1);
+    uint64_t c0 = _al_tsc();
     touch(p, 32); /* a short window: a stale counter would read 0 here */
-    _al_counters_after(&c, sums);
+    uint64_t c1 = _al_tsc();
+    ck_assert(_al_counters_after(&c, c1 - c0, sums, &off));
     for (unsigned i = 0; i < _al_counters.nevents; i++) {
         const char *n = _al_counters.events[i].name;
         if (!strcmp(n, "page-faults"))
             ck_assert_uint_ge(sums[i], 32);
-        if (!strcmp(n, "task-clock") || !strcmp(n, "instructions"))
+        if (!strcmp(n, "instructions"))
             ck_assert_msg(sums[i] > 0, "%s: 0", n);
+        /* A clock event is the call's cycles, the measurement's own cost taken off. */
+        if (!strcmp(n, "task-clock"))
+            ck_assert_uint_eq(sums[i], c1 - c0 - _al_tsc_overhead);
     }
-    _al_counters_thread_close(&c);
+    _al_counters_thread_close(&c, false);
 
     /* A group that cannot open on this thread: state -1, never retried, nothing counted,
      * the countdown still reset. */
@@ -312,7 +317,7 @@ START_TEST(count_default_set)
     _al_counters_before(&c);
     ck_assert_int_eq(c.state, -1);
     touch(fresh_pages(4), 4);
-    _al_counters_after(&c, sums);
+    ck_assert(!_al_counters_after(&c, 1000, sums, &off));
     ck_assert_uint_eq(c.countdown, 1);
     ck_assert(memcmp(keep, sums, sizeof keep) == 0);
 }
@@ -331,9 +336,9 @@ START_TEST(fork_child_reopens)
     struct al_thread_counters c;
     memset(&c, 0, sizeof c);
     c.countdown = 1;
-    uint64_t sums[AL_MAX_EVENTS] = { 0 };
+    uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     _al_counters_before(&c);
-    _al_counters_after(&c, sums);
+    _al_counters_after(&c, 0, sums, &off);
     ck_assert_int_eq(c.state, 1);
     int pf = -1;
     for (unsigned i = 0; i < _al_counters.nevents; i++)
@@ -344,20 +349,141 @@ START_TEST(fork_child_reopens)
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        _al_counters_thread_close(&c);
+        /* The kernel does not copy perf mappings into a child: nothing to unmap. */
+        void *ring = c.ring;
+        if (ring && (msync(ring, page(), MS_ASYNC) == 0 || errno != ENOMEM))
+            _exit(2);
+        _al_counters_thread_close(&c, true);
         uint64_t s[AL_MAX_EVENTS] = { 0 };
         char *p = mmap(NULL, 32 * page(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         madvise(p, 32 * page(), MADV_NOHUGEPAGE);
         _al_counters_before(&c);
         touch(p, 32);
-        _al_counters_after(&c, s);
+        _al_counters_after(&c, 0, s, &off);
         _exit(c.state == 1 && s[pf] >= 32 && s[pf] <= 40 ? 0 : 1);
     }
     int status;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert(WIFEXITED(status));
     ck_assert_int_eq(WEXITSTATUS(status), 0);
-    _al_counters_thread_close(&c);
+    _al_counters_thread_close(&c, false);
+}
+END_TEST
+
+/* ---- software events through the ring ----------------------------------------------------- */
+
+/* Records of a counted call, fed by hand: samples by id, switch-out/in pairs by time. */
+START_TEST(ring_window_records)
+{
+    memset(&_al_counters, 0, sizeof _al_counters);
+    _al_counters.nevents = 3;
+    _al_counters.events[0].kind = AL_EV_RING;
+    _al_counters.events[1].kind = AL_EV_RING;
+    _al_counters.events[2].kind = AL_EV_CLOCK;
+    struct al_thread_counters c;
+    memset(&c, 0, sizeof c);
+    c.id[0] = 11;
+    c.id[1] = 22;
+    struct al_ring_window w = { .c = &c };
+    struct {
+        struct perf_event_header h;
+        uint64_t v;
+    } rec[] = {
+        { { PERF_RECORD_SWITCH, 0, 16 }, 900 },                            /* an in before any out */
+        { { PERF_RECORD_SAMPLE, 0, 16 }, 11 },
+        { { PERF_RECORD_SWITCH, PERF_RECORD_MISC_SWITCH_OUT, 16 }, 1000 },
+        { { PERF_RECORD_SWITCH, 0, 16 }, 1500 },
+        { { PERF_RECORD_SAMPLE, 0, 16 }, 22 },
+        { { PERF_RECORD_SAMPLE, 0, 16 }, 33 },                             /* not ours */
+        { { PERF_RECORD_SAMPLE, 0, 16 }, 11 },
+        { { PERF_RECORD_LOST, 0, 16 }, 11 },
+        { { PERF_RECORD_SWITCH, PERF_RECORD_MISC_SWITCH_OUT, 16 }, 2000 },
+        { { PERF_RECORD_SWITCH, 0, 16 }, 2600 },
+    };
+    for (size_t i = 0; i < sizeof rec / sizeof rec[0]; i++)
+        _al_ring_window_add(&rec[i].h, &w);
+    ck_assert_uint_eq(w.count[0], 2);
+    ck_assert_uint_eq(w.count[1], 1);
+    ck_assert_uint_eq(w.count[2], 0);
+    ck_assert_uint_eq(w.off_cpu_ns, 1100);
+
+    /* Per op: counts averaged; a clock event's cycles in ns less the time switched out. */
+    ck_assert_double_eq_tol(_al_counter_per_op(0, 7, 0, 2, 2.0), 3.5, 1e-12);
+    ck_assert_double_eq_tol(_al_counter_per_op(2, 3000, 500, 2, 2.0), 500.0, 1e-9);
+    ck_assert_double_eq_tol(_al_counter_per_op(2, 3000, 2000, 2, 2.0), 0.0, 1e-12);
+    ck_assert_double_eq_tol(_al_counter_per_op(0, 7, 0, 0, 2.0), 0.0, 1e-12);
+    ck_assert_double_eq_tol(_al_counter_per_op(3, 7, 0, 1, 2.0), 0.0, 1e-12);
+}
+END_TEST
+
+/* A call that sleeps: its context switch is counted, its time off the CPU is taken out of its
+ * task-clock (a read(2) of task-clock would also count the reads' own kernel time). */
+START_TEST(clock_less_switched_out)
+{
+    int err;
+    if (machine_pmu(&err) == PMU_DENIED)
+        return;
+    _al_counters_init("context-switches,task-clock", 1);
+    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
+    ck_assert_int_eq(_al_counters.events[0].kind, AL_EV_RING);
+    ck_assert_int_eq(_al_counters.events[1].kind, AL_EV_CLOCK);
+    struct al_thread_counters c;
+    memset(&c, 0, sizeof c);
+    c.countdown = 1;
+    uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
+    struct al_clock_pair a = _al_tsc_pair_now();
+    _al_counters_before(&c);
+    ck_assert_int_eq(c.state, 1);
+    ck_assert_int_eq(c.fd[1], -1); /* a clock event has no fd of its own */
+    uint64_t c0 = _al_tsc();
+    usleep(20000);
+    uint64_t c1 = _al_tsc();
+    ck_assert(_al_counters_after(&c, c1 - c0, sums, &off));
+    struct al_clock_pair b = _al_tsc_pair_now();
+    double cpn = _al_tsc_rate(a, b);
+    ck_assert(cpn > 0);
+    ck_assert_uint_ge(sums[0], 1);
+    double wall = (double)(c1 - c0) / cpn;
+    ck_assert_msg(off >= 19000000 && (double)off <= wall, "off the CPU %llu ns of %.0f",
+                  (unsigned long long)off, wall);
+    double on = _al_counter_per_op(1, sums[1], off, 1, cpn);
+    ck_assert_msg(on < 2e6, "task-clock of a 20 ms sleep: %.0f ns", on);
+    _al_counters_thread_close(&c, false);
+}
+END_TEST
+
+/* A call with more records than the ring holds is not counted (some were dropped); the next
+ * one is, from a freed ring. */
+START_TEST(ring_overflow_not_counted)
+{
+    int err;
+    if (machine_pmu(&err) == PMU_DENIED)
+        return;
+    _al_counters_init("page-faults", 1);
+    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
+    struct al_thread_counters c;
+    memset(&c, 0, sizeof c);
+    c.countdown = 1;
+    uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
+    size_t big = AL_RING_PAGES * page() / 16 + 64;
+    char *p = fresh_pages(big);
+    _al_counters_before(&c);
+    touch(p, big);
+    ck_assert(!_al_counters_after(&c, 0, sums, &off));
+    ck_assert_uint_eq(sums[0], 0);
+    struct perf_event_mmap_page *pc = c.ring;
+    ck_assert_uint_eq(pc->data_tail, pc->data_head);
+    munmap(p, big * page());
+
+    /* Faults between counted calls fill the ring; the next counted call frees it first. */
+    touch(fresh_pages(big), big);
+    p = fresh_pages(8);
+    _al_counters_before(&c);
+    touch(p, 8);
+    ck_assert(_al_counters_after(&c, 0, sums, &off));
+    ck_assert_uint_ge(sums[0], 8);
+    ck_assert_uint_le(sums[0], 12);
+    _al_counters_thread_close(&c, false);
 }
 END_TEST
 
@@ -666,6 +792,9 @@ static Suite *counters_suite(void)
     tcase_add_test(t, count_page_faults);
     tcase_add_test(t, count_default_set);
     tcase_add_test(t, fork_child_reopens);
+    tcase_add_test(t, ring_window_records);
+    tcase_add_test(t, clock_less_switched_out);
+    tcase_add_test(t, ring_overflow_not_counted);
     tcase_add_test(t, read_rdpmc_software);
     tcase_add_test(t, read_fd_monotonic);
     suite_add_tcase(s, t);
