@@ -35,6 +35,7 @@
 #include <perfmon/pfmlib_perf_event.h>
 
 struct al_counters_config _al_counters = { .sample_every = 1 };
+static struct al_clock_pair init_pair; /* TSC and CLOCK_MONOTONIC at init */
 
 #define SAMPLE_EVERY_MAX 1000000u
 
@@ -282,6 +283,7 @@ static int probe_all(bool user, bool *user_only)
 void _al_counters_init(const char *events, unsigned sample_every)
 {
     memset(&_al_counters, 0, sizeof _al_counters);
+    init_pair = _al_tsc_pair_now();
     if (sample_every < 1)
         sample_every = 1;
     if (sample_every > SAMPLE_EVERY_MAX)
@@ -636,6 +638,33 @@ void _al_ring_window_add(const struct perf_event_header *rec, void *arg)
     }
 }
 
+/* The TSC's rate against CLOCK_MONOTONIC since init (0 while that is under 100 us): coarse
+ * at first, good enough to tell a call's time from a preemption's. */
+static double rough_rate(void)
+{
+    static _Atomic double settled;
+    double r = atomic_load_explicit(&settled, memory_order_relaxed);
+    if (r > 0)
+        return r;
+    struct al_clock_pair now = _al_tsc_pair_now();
+    r = _al_tsc_rate(init_pair, now);
+    if (now.ns - init_pair.ns >= 100000000) /* 0.1 s: kept */
+        atomic_store_explicit(&settled, r, memory_order_relaxed);
+    return r;
+}
+
+/* The ring's window is a little wider than the timed call (the ring's head is read on either
+ * side of the two rdtsc): a switch-out in between shows as far more time off the CPU than the
+ * call's cycles hold, and belongs to no call. 1: OFF_NS fits in CYCLES, 0: it does not,
+ * -1: too early to tell. */
+static AL_NOINLINE int off_cpu_inside(uint64_t cycles, uint64_t off_ns)
+{
+    double cpn = rough_rate();
+    if (cpn <= 0)
+        return -1;
+    return (double)off_ns <= 1.25 * (double)cycles / cpn + 1000.0;
+}
+
 bool _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t *sums,
                         uint64_t *off_cpu_ns)
 {
@@ -655,6 +684,13 @@ bool _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t 
         }
         if (head != c->ring_start)
             _al_perf_ring_drain(c->ring, data, _al_ring_window_add, &w);
+        if (w.off_cpu_ns) {
+            int inside = off_cpu_inside(cycles, w.off_cpu_ns);
+            if (inside < 0)
+                return false;
+            if (!inside)
+                w.off_cpu_ns = 0;
+        }
     }
     cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
     for (unsigned i = _al_counters.nevents; i-- > 0;) {

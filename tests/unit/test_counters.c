@@ -452,6 +452,31 @@ START_TEST(clock_less_switched_out)
 }
 END_TEST
 
+/* The ring's window is a little wider than the timed call: a switch just outside the call's
+ * two rdtsc is not taken off its cycles (it would take a preemption's milliseconds off a call
+ * of nanoseconds). */
+START_TEST(switch_outside_call_kept_out)
+{
+    int err;
+    if (machine_pmu(&err) == PMU_DENIED)
+        return;
+    _al_counters_init("task-clock", 1);
+    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
+    struct al_thread_counters c;
+    memset(&c, 0, sizeof c);
+    c.countdown = 1;
+    uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
+    _al_counters_before(&c);
+    usleep(20000);
+    uint64_t c0 = _al_tsc();
+    uint64_t c1 = _al_tsc();
+    ck_assert(_al_counters_after(&c, c1 - c0 + 1000, sums, &off));
+    ck_assert_uint_eq(off, 0);
+    ck_assert_uint_eq(sums[0], c1 - c0 + 1000 - _al_tsc_overhead);
+    _al_counters_thread_close(&c, false);
+}
+END_TEST
+
 /* A call with more records than the ring holds is not counted (some were dropped); the next
  * one is, from a freed ring. */
 START_TEST(ring_overflow_not_counted)
@@ -794,6 +819,7 @@ static Suite *counters_suite(void)
     tcase_add_test(t, fork_child_reopens);
     tcase_add_test(t, ring_window_records);
     tcase_add_test(t, clock_less_switched_out);
+    tcase_add_test(t, switch_outside_call_kept_out);
     tcase_add_test(t, ring_overflow_not_counted);
     tcase_add_test(t, read_rdpmc_software);
     tcase_add_test(t, read_fd_monotonic);
