@@ -155,11 +155,13 @@ for perturb in (None, "165"):
            f"{label}: task-clock per malloc {tc} ns, within the malloc's mean wall time "
            f"{wall:.0f} ns", ev.get("task-clock"))
 
-# 3b. The same bound on a call far shorter than a system call: 200000 malloc(48)/free pairs.
-# With 4 threads on fewer CPUs, calls are preempted, inside the timed call and just outside
-# it (time off the CPU of a preemption outside must not be taken off a call): the calls'
-# wall time includes their share of the preemptions, their task-clock does not.
-for threads, low in ((1, 0.3), (4, 0.15)):
+# 3b. The same bound on a call far shorter than a system call: 200000 malloc(48)/free pairs,
+# with 1 and with 4 threads. Calls are preempted (by the other threads, or by whatever else
+# the machine runs), inside the timed call and just outside it: their wall time includes their
+# share of the preemptions, their task-clock does not, so its floor is the typical call's time
+# (the busiest row's median, which preemptions do not move), not the mean. A preemption just
+# outside the call taken off it would drive task-clock to 0.
+for threads in (1, 4):
     proc, rep = run("glibc", [CONTEND, str(threads)], wd, name=f"contend-clock-{threads}",
                     env=dict(os.environ), extra=["--events", "task-clock", "--sample-every", "1"])
     ctr = (rep or {}).get("counters", {})
@@ -171,10 +173,11 @@ for threads, low in ((1, 0.3), (4, 0.15)):
         rows = [r for r in rep.get("ops", []) if r["op"] == op]
         timed = sum(r["timed"] for r in rows)
         wall = sum(r["cycles_total"] for r in rows) / rep["timing"]["cycles_per_ns"] / max(timed, 1)
+        p50 = max(rows, key=lambda r: r["timed"])["ns_p50"] if rows else float("nan")
         tc = ctr["events"][0]["per_op"].get(op)
-        tap.ok(tc is not None and low * wall <= tc <= 1.1 * wall + 20,
-               f"{label}: task-clock per {op} {tc} ns, within {low}-1.1 of its mean wall time "
-               f"{wall:.1f} ns", ctr)
+        tap.ok(tc is not None and 0.3 * p50 <= tc <= 1.1 * wall + 20,
+               f"{label}: task-clock per {op} {tc} ns, between 0.3 x the median call "
+               f"({p50:.1f} ns) and the mean wall time ({wall:.1f} ns)", ctr)
 
 # 4. sys_sigsys: own SIGSYS handler and a seccomp filter, output and status as the plain run.
 def plain(cmd, lib):
