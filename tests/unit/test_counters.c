@@ -416,20 +416,29 @@ START_TEST(ring_window_records)
 }
 END_TEST
 
+/* Counting EVENTS on every call, into a fresh thread state C; false where perf_event_open is
+ * not permitted here (nothing to test). */
+static bool counting(const char *events, struct al_thread_counters *c)
+{
+    int err;
+    if (machine_pmu(&err) == PMU_DENIED)
+        return false;
+    _al_counters_init(events, 1);
+    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
+    memset(c, 0, sizeof *c);
+    c->countdown = 1;
+    return true;
+}
+
 /* A call that sleeps: its context switch is counted, its time off the CPU is taken out of its
  * task-clock (a read(2) of task-clock would also count the reads' own kernel time). */
 START_TEST(clock_less_switched_out)
 {
-    int err;
-    if (machine_pmu(&err) == PMU_DENIED)
+    struct al_thread_counters c;
+    if (!counting("context-switches,task-clock", &c))
         return;
-    _al_counters_init("context-switches,task-clock", 1);
-    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
     ck_assert_int_eq(_al_counters.events[0].kind, AL_EV_RING);
     ck_assert_int_eq(_al_counters.events[1].kind, AL_EV_CLOCK);
-    struct al_thread_counters c;
-    memset(&c, 0, sizeof c);
-    c.countdown = 1;
     uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     struct al_clock_pair a = _al_tsc_pair_now();
     _al_counters_before(&c);
@@ -457,14 +466,9 @@ END_TEST
  * of nanoseconds). */
 START_TEST(switch_outside_call_kept_out)
 {
-    int err;
-    if (machine_pmu(&err) == PMU_DENIED)
-        return;
-    _al_counters_init("task-clock", 1);
-    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
     struct al_thread_counters c;
-    memset(&c, 0, sizeof c);
-    c.countdown = 1;
+    if (!counting("task-clock", &c))
+        return;
     uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     _al_counters_before(&c);
     usleep(20000);
@@ -481,14 +485,9 @@ END_TEST
  * one is, from a freed ring. */
 START_TEST(ring_overflow_not_counted)
 {
-    int err;
-    if (machine_pmu(&err) == PMU_DENIED)
-        return;
-    _al_counters_init("page-faults", 1);
-    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
     struct al_thread_counters c;
-    memset(&c, 0, sizeof c);
-    c.countdown = 1;
+    if (!counting("page-faults", &c))
+        return;
     uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     size_t big = AL_RING_PAGES * page() / 16 + 64;
     char *p = fresh_pages(big);
