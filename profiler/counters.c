@@ -665,13 +665,13 @@ static AL_NOINLINE int off_cpu_inside(uint64_t cycles, uint64_t off_ns)
     return (double)off_ns <= 1.25 * (double)cycles / cpn + 1000.0;
 }
 
-bool _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t *sums,
-                        uint64_t *off_cpu_ns)
+enum al_counted _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t *sums,
+                                   uint64_t *off_cpu_ns)
 {
     unsigned every = _al_counters.sample_every;
     c->countdown = every ? every : 1;
     if (c->state != 1)
-        return false;
+        return AL_CTR_NONE;
     struct al_ring_window w = { .c = c };
     if (c->ring) {
         struct perf_event_mmap_page *pc = c->ring;
@@ -680,14 +680,14 @@ bool _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t 
         /* Full (the kernel writes a record only where it fits whole): some were dropped. */
         if (head - c->ring_start > data - 64) {
             __atomic_store_n(&pc->data_tail, head, __ATOMIC_RELEASE);
-            return false;
+            return AL_CTR_DROPPED;
         }
         if (head != c->ring_start)
             _al_perf_ring_drain(c->ring, data, _al_ring_window_add, &w);
         if (w.off_cpu_ns) {
             int inside = off_cpu_inside(cycles, w.off_cpu_ns);
             if (inside < 0)
-                return false;
+                return AL_CTR_DROPPED;
             if (!inside)
                 w.off_cpu_ns = 0;
         }
@@ -710,7 +710,7 @@ bool _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t 
         }
     }
     AL_BUMP(*off_cpu_ns, w.off_cpu_ns);
-    return true;
+    return AL_CTR_COUNTED;
 }
 
 double _al_counter_per_op(unsigned e, uint64_t sum, uint64_t off_cpu_ns, uint64_t ops,

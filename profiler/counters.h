@@ -82,13 +82,20 @@ static inline __attribute__((always_inline)) bool _al_counters_due(struct al_thr
     return __builtin_expect(--c->countdown == 0, 0);
 }
 
+/* What AFTER made of a counted call. */
+enum al_counted {
+    AL_CTR_NONE,    /* the thread has no events (they could not open: said once on stderr) */
+    AL_CTR_COUNTED, /* added in */
+    AL_CTR_DROPPED, /* the ring overflowed, or it was too early to time a switch: left out */
+};
+
 /* Reads the counters before and after the real call, which took CYCLES (the raw difference
  * of the two rdtsc around it). AFTER resets the countdown and, when the call was counted,
  * adds the differences into SUMS (one per event; clock events in cycles) and the time it was
- * switched out into *OFF_CPU_NS, and returns true. Opens the thread's events on first use. */
+ * switched out into *OFF_CPU_NS. Opens the thread's events on first use. */
 void _al_counters_before(struct al_thread_counters *c);
-bool _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t *sums,
-                        uint64_t *off_cpu_ns);
+enum al_counted _al_counters_after(struct al_thread_counters *c, uint64_t cycles, uint64_t *sums,
+                                   uint64_t *off_cpu_ns);
 /* Closes the thread's events and forgets them (state 0). The thread that owned them must make
  * no further counted call on this state. In a fork child (FORK_CHILD), every copied state is
  * closed: its fds count the parent's threads, and its mappings were not copied. */

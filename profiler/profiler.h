@@ -328,6 +328,7 @@ struct al_thread {
     uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
     uint64_t ctr_off_cpu_ns[AL_OP_COUNT];  /* counted calls' time switched out */
     uint64_t ctr_ops[AL_OP_COUNT];
+    uint64_t ctr_dropped;                  /* calls due to be counted, left out */
     struct al_thread_syscalls sys;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
     struct al_thread *next;
@@ -359,6 +360,7 @@ struct al_measure_totals {
     uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
     uint64_t ctr_off_cpu_ns[AL_OP_COUNT];  /* counted calls' time switched out */
     uint64_t ctr_ops[AL_OP_COUNT];
+    uint64_t ctr_dropped;                  /* calls due to be counted, left out */
 };
 
 /* Sums every thread's rows and histograms (those that exited and those still running) into
@@ -544,9 +546,13 @@ AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted, uint
 {
     t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
     t->in_call = 0;
-    if (AL_UNLIKELY(counted) &&
-        _al_counters_after(&t->ctr, cycles, t->ctr_sums[op], &t->ctr_off_cpu_ns[op]))
-        AL_BUMP(t->ctr_ops[op], 1);
+    if (AL_UNLIKELY(counted)) {
+        enum al_counted r = _al_counters_after(&t->ctr, cycles, t->ctr_sums[op], &t->ctr_off_cpu_ns[op]);
+        if (r == AL_CTR_COUNTED)
+            AL_BUMP(t->ctr_ops[op], 1);
+        else if (r == AL_CTR_DROPPED)
+            AL_BUMP(t->ctr_dropped, 1);
+    }
 }
 
 const char *_al_syscall_name(unsigned kind);

@@ -114,7 +114,8 @@ static void counters(struct al_buf *b, const struct al_report *r)
         _al_buf_json_str(b, c->reason);
         _al_buf_puts(b, ", ");
     }
-    _al_buf_puts(b, "\"counted_ops\": {");
+    _al_buf_printf(b, "\"dropped_calls\": %llu, \"counted_ops\": {",
+                   (unsigned long long)r->measure.ctr_dropped);
     bool first = true;
     for (unsigned op = 0; op < AL_OP_COUNT; op++) {
         if (!r->measure.ctr_ops[op])

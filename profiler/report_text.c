@@ -79,6 +79,10 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     if (c->available) {
         _al_buf_printf(b, "\ncounters     %s events, 1 op in %u%s%s\n", c->software ? "software" : "hardware",
                        c->sample_every, c->reason[0] ? ": " : "", c->reason);
+        if (r->measure.ctr_dropped)
+            _al_buf_printf(b, "  (%llu calls due to be counted left out: more records than the ring holds, "
+                           "or a switch too early in the run to time)\n",
+                           (unsigned long long)r->measure.ctr_dropped);
         for (unsigned e = 0; e < c->nevents; e++) {
             _al_buf_printf(b, "  %-22s", c->events[e].name);
             for (unsigned op = 0; op < AL_OP_COUNT; op++)

@@ -77,6 +77,7 @@ static void add_extra(struct al_measure_totals *d, const struct al_thread *t)
             d->sys.cycles[k][s] += AL_READ(t->sys.cycles[k][s]);
         }
     d->sys.futex_waits += AL_READ(t->sys.futex_waits);
+    d->ctr_dropped += AL_READ(t->ctr_dropped);
     for (unsigned op = 0; op < AL_OP_COUNT; op++) {
         d->ctr_ops[op] += AL_READ(t->ctr_ops[op]);
         d->ctr_off_cpu_ns[op] += AL_READ(t->ctr_off_cpu_ns[op]);
@@ -98,6 +99,7 @@ static void clear_state(struct al_thread *t)
     memset(t->ctr_sums, 0, sizeof t->ctr_sums);
     memset(t->ctr_off_cpu_ns, 0, sizeof t->ctr_off_cpu_ns);
     memset(t->ctr_ops, 0, sizeof t->ctr_ops);
+    t->ctr_dropped = 0;
     t->nheld = 0;
     for (unsigned i = 0; i < AL_ROWS; i++)
         if (t->hist[i])

@@ -241,7 +241,7 @@ START_TEST(count_page_faults)
         _al_counters_before(&c);
         ck_assert_int_eq(c.state, 1);
         touch(p, N);
-        ck_assert(_al_counters_after(&c, 0, sums, &off));
+        ck_assert_int_eq(_al_counters_after(&c, 0, sums, &off), AL_CTR_COUNTED);
         ck_assert_uint_eq(c.countdown, 1);
         uint64_t d = sums[0] - before;
         ck_assert_msg(d >= N && d <= N + 8, "round %d: %llu page faults for %d pages", round,
@@ -291,7 +291,7 @@ START_TEST(count_default_set)
     uint64_t c0 = _al_tsc();
     touch(p, 32); /* a short window: a stale counter would read 0 here */
     uint64_t c1 = _al_tsc();
-    ck_assert(_al_counters_after(&c, c1 - c0, sums, &off));
+    ck_assert_int_eq(_al_counters_after(&c, c1 - c0, sums, &off), AL_CTR_COUNTED);
     for (unsigned i = 0; i < _al_counters.nevents; i++) {
         const char *n = _al_counters.events[i].name;
         if (!strcmp(n, "page-faults"))
@@ -317,7 +317,7 @@ START_TEST(count_default_set)
     _al_counters_before(&c);
     ck_assert_int_eq(c.state, -1);
     touch(fresh_pages(4), 4);
-    ck_assert(!_al_counters_after(&c, 1000, sums, &off));
+    ck_assert_int_eq(_al_counters_after(&c, 1000, sums, &off), AL_CTR_NONE);
     ck_assert_uint_eq(c.countdown, 1);
     ck_assert(memcmp(keep, sums, sizeof keep) == 0);
 }
@@ -447,7 +447,7 @@ START_TEST(clock_less_switched_out)
     uint64_t c0 = _al_tsc();
     usleep(20000);
     uint64_t c1 = _al_tsc();
-    ck_assert(_al_counters_after(&c, c1 - c0, sums, &off));
+    ck_assert_int_eq(_al_counters_after(&c, c1 - c0, sums, &off), AL_CTR_COUNTED);
     struct al_clock_pair b = _al_tsc_pair_now();
     double cpn = _al_tsc_rate(a, b);
     ck_assert(cpn > 0);
@@ -474,7 +474,7 @@ START_TEST(switch_outside_call_kept_out)
     usleep(20000);
     uint64_t c0 = _al_tsc();
     uint64_t c1 = _al_tsc();
-    ck_assert(_al_counters_after(&c, c1 - c0 + 1000, sums, &off));
+    ck_assert_int_eq(_al_counters_after(&c, c1 - c0 + 1000, sums, &off), AL_CTR_COUNTED);
     ck_assert_uint_eq(off, 0);
     ck_assert_uint_eq(sums[0], c1 - c0 + 1000 - _al_tsc_overhead);
     _al_counters_thread_close(&c, false);
@@ -493,7 +493,7 @@ START_TEST(ring_overflow_not_counted)
     char *p = fresh_pages(big);
     _al_counters_before(&c);
     touch(p, big);
-    ck_assert(!_al_counters_after(&c, 0, sums, &off));
+    ck_assert_int_eq(_al_counters_after(&c, 0, sums, &off), AL_CTR_DROPPED);
     ck_assert_uint_eq(sums[0], 0);
     struct perf_event_mmap_page *pc = c.ring;
     ck_assert_uint_eq(pc->data_tail, pc->data_head);
@@ -504,7 +504,7 @@ START_TEST(ring_overflow_not_counted)
     p = fresh_pages(8);
     _al_counters_before(&c);
     touch(p, 8);
-    ck_assert(_al_counters_after(&c, 0, sums, &off));
+    ck_assert_int_eq(_al_counters_after(&c, 0, sums, &off), AL_CTR_COUNTED);
     ck_assert_uint_ge(sums[0], 8);
     ck_assert_uint_le(sums[0], 12);
     _al_counters_thread_close(&c, false);
