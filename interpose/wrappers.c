@@ -1,10 +1,9 @@
 /* The exported allocation entry points, one per row of entries.def, all made by the macros
  * below, every kind laid out alike:
- *   timed_   the timed modes (full, time): time the real call with the cycle counter, record
- *            the object, count it (inline in full_ and slow_);
- *   full_    the thread marked busy, then timed_: where the export jumps in the timed modes;
- *   counted_ --mode sample with the thread marked busy: forget a sampled object, make the
- *            call, count it (and sample it);
+ *   timed_   the timed modes (full, time), the thread marked busy: time the real call with
+ *            the cycle counter, record the object, count it;
+ *   counted_ --mode sample, the thread marked busy: forget a sampled object, make the call,
+ *            count it (and sample it);
  *   slow_    anything unusual: first call of a thread, a nested call, start-up;
  *   export   finds the thread's state and picks one of the above. It holds --mode sample's
  *            commonest paths itself (malloc-like calls and frees), so that those save no
@@ -26,18 +25,13 @@
     _al_call_end(t, AL_OP_##op, counted_, c1 - c0)
 
 #define WRAP_ALLOC(op, sym, params, args, size, target)                                \
-    static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
-                                                                   AL_STRIP(params))   \
+    static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
     {                                                                                  \
+        t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_large_threshold;                                \
         AL_TIMED_CALL(op, large, void *r = _al_real.sym args);                         \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
-    }                                                                                  \
-    static AL_NOINLINE void *full_##sym(struct al_thread *t, AL_STRIP(params))         \
-    {                                                                                  \
-        t->busy = 1;                                                                   \
-        return timed_##sym(t, AL_STRIP(args));                                         \
     }                                                                                  \
     /* --mode sample, the call already counted: this allocation is the one to sample. */ \
     static AL_NOINLINE void *sampled_##sym(struct al_thread *t, AL_STRIP(params))      \
@@ -48,16 +42,18 @@
         t->busy = 0;                                                                   \
         return r;                                                                      \
     }                                                                                  \
+    static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
+    {                                                                                  \
+        t->busy = 1;                                                                   \
+        void *r = _al_real.sym args;                                                   \
+        _al_count_alloc(t, AL_OP_##op, (size), r);                                     \
+        return r;                                                                      \
+    }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
-        if (t) {                                                                       \
-            if (_al_timed)                                                             \
-                return timed_##sym(t, AL_STRIP(args));                                 \
-            void *r = _al_real.sym args;                                               \
-            _al_count_alloc(t, AL_OP_##op, (size), r);                                 \
-            return r;                                                                  \
-        }                                                                              \
+        if (t)                                                                         \
+            return _al_timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return _al_bootstrap_alloc(size);                                              \
@@ -68,7 +64,7 @@
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
         if (AL_LIKELY(_al_timed))                                                      \
-            return full_##sym(t, AL_STRIP(args));                                      \
+            return timed_##sym(t, AL_STRIP(args));                                     \
         if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
             return sampled_##sym(t, AL_STRIP(args));                                   \
         if (AL_TAIL_##target)                                                          \
@@ -82,9 +78,9 @@
 /* An object given to realloc is retired (and forgotten by the sampler) first: once the
  * allocator has the address back another thread may get it, and record or sample it. */
 #define WRAP_REALLOC(op, sym, params, args, size, target)                              \
-    static inline __attribute__((always_inline)) void *timed_##sym(struct al_thread *t, \
-                                                                   AL_STRIP(params))   \
+    static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
     {                                                                                  \
+        t->busy = 1;                                                                   \
         struct al_waste_undo undo;                                                     \
         unsigned had = 0, was_large = 0;                                               \
         if (AL_LIKELY(_al_records) && p)                                               \
@@ -103,13 +99,9 @@
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
     }                                                                                  \
-    static AL_NOINLINE void *full_##sym(struct al_thread *t, AL_STRIP(params))         \
-    {                                                                                  \
-        t->busy = 1;                                                                   \
-        return timed_##sym(t, AL_STRIP(args));                                         \
-    }                                                                                  \
     static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
     {                                                                                  \
+        t->busy = 1;                                                                   \
         _al_sample_forget(p);                                                          \
         void *r = _al_real.sym args;                                                   \
         _al_count_alloc(t, AL_OP_##op, (size), r);                                     \
@@ -132,29 +124,24 @@
         if (AL_UNLIKELY(!t || t->busy || _al_bootstrap_owns(p)))                       \
             return slow_##sym args;                                                    \
         if (AL_LIKELY(_al_timed))                                                      \
-            return full_##sym(t, AL_STRIP(args));                                      \
-        t->busy = 1;                                                                   \
+            return timed_##sym(t, AL_STRIP(args));                                     \
         return counted_##sym(t, AL_STRIP(args));                                       \
     }
 
 /* A freed object's record is retired before the real free: once the allocator has the address
  * back, another thread may be handed it and record its own object there. */
 #define WRAP_FREE(op, sym, params, args, size, target)                                 \
-    static inline __attribute__((always_inline)) void timed_##sym(struct al_thread *t, \
-                                                                  AL_STRIP(params))    \
+    static AL_NOINLINE void timed_##sym(struct al_thread *t, AL_STRIP(params))         \
     {                                                                                  \
+        t->busy = 1;                                                                   \
         unsigned large = !p ? 0 : AL_LIKELY(_al_records) ? _al_waste_free(t, p, NULL) & 1 \
                                                          : _al_mark_free(p);           \
         AL_TIMED_CALL(op, large, _al_real.sym args);                                   \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \
-    static AL_NOINLINE void full_##sym(struct al_thread *t, AL_STRIP(params))          \
-    {                                                                                  \
-        t->busy = 1;                                                                   \
-        timed_##sym(t, AL_STRIP(args));                                                \
-    }                                                                                  \
     static AL_NOINLINE void counted_##sym(struct al_thread *t, AL_STRIP(params))       \
     {                                                                                  \
+        t->busy = 1;                                                                   \
         _al_sample_forget(p);                                                          \
         _al_real.sym args;                                                             \
         _al_count_free(t, AL_OP_##op);                                                 \
@@ -179,12 +166,11 @@
             return;                                                                    \
         }                                                                              \
         if (AL_LIKELY(_al_timed)) {                                                    \
-            full_##sym(t, AL_STRIP(args));                                             \
+            timed_##sym(t, AL_STRIP(args));                                            \
             return;                                                                    \
         }                                                                              \
         /* --mode sample: a page that holds a sampled object takes the busy path. */   \
         if (AL_UNLIKELY(p && _al_sample_page_maybe(p))) {                              \
-            t->busy = 1;                                                               \
             counted_##sym(t, AL_STRIP(args));                                          \
             return;                                                                    \
         }                                                                              \
@@ -199,21 +185,17 @@
     }
 
 #define WRAP_MEMALIGN(op, sym, params, args, size, target)                             \
-    static inline __attribute__((always_inline)) int timed_##sym(struct al_thread *t,  \
-                                                                 AL_STRIP(params))     \
+    static AL_NOINLINE int timed_##sym(struct al_thread *t, AL_STRIP(params))          \
     {                                                                                  \
+        t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_large_threshold;                                \
         AL_TIMED_CALL(op, large, int rc = _al_real.sym args);                          \
         _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
     }                                                                                  \
-    static AL_NOINLINE int full_##sym(struct al_thread *t, AL_STRIP(params))           \
-    {                                                                                  \
-        t->busy = 1;                                                                   \
-        return timed_##sym(t, AL_STRIP(args));                                         \
-    }                                                                                  \
     static AL_NOINLINE int counted_##sym(struct al_thread *t, AL_STRIP(params))        \
     {                                                                                  \
+        t->busy = 1;                                                                   \
         int rc = _al_real.sym args;                                                    \
         _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);                 \
         return rc;                                                                     \
@@ -233,8 +215,7 @@
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
         if (AL_LIKELY(_al_timed))                                                      \
-            return full_##sym(t, AL_STRIP(args));                                      \
-        t->busy = 1;                                                                   \
+            return timed_##sym(t, AL_STRIP(args));                                     \
         return counted_##sym(t, AL_STRIP(args));                                       \
     }
 
