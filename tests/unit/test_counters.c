@@ -221,18 +221,26 @@ END_TEST
 
 /* ---- counting around a call --------------------------------------------------------------- */
 
-START_TEST(count_page_faults)
+/* Counting EVENTS on every call, into a fresh thread state C; false where perf_event_open is
+ * not permitted here (nothing to test). */
+static bool counting(const char *events, struct al_thread_counters *c)
 {
     int err;
     if (machine_pmu(&err) == PMU_DENIED)
-        return;
-    _al_counters_init("page-faults", 1);
+        return false;
+    _al_counters_init(events, 1);
     ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
+    memset(c, 0, sizeof *c);
+    c->countdown = 1;
+    return true;
+}
 
+START_TEST(count_page_faults)
+{
     enum { N = 64 };
     struct al_thread_counters c;
-    memset(&c, 0, sizeof c);
-    c.countdown = _al_counters.sample_every;
+    if (!counting("page-faults", &c))
+        return;
     uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     for (int round = 0; round < 3; round++) {
         char *p = fresh_pages(N);
@@ -276,14 +284,9 @@ END_TEST
 
 START_TEST(count_default_set)
 {
-    int err;
-    if (machine_pmu(&err) == PMU_DENIED)
-        return;
-    _al_counters_init(NULL, 1);
-    ck_assert(_al_counters.available);
     struct al_thread_counters c;
-    memset(&c, 0, sizeof c);
-    c.countdown = 1;
+    if (!counting(NULL, &c))
+        return;
     uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     char *p = fresh_pages(32);
     _al_counters_before(&c);
@@ -328,14 +331,9 @@ END_TEST
  * the child's next counted call open a group of its own. */
 START_TEST(fork_child_reopens)
 {
-    int err;
-    if (machine_pmu(&err) == PMU_DENIED)
-        return;
-    _al_counters_init(NULL, 1);
-    ck_assert(_al_counters.available);
     struct al_thread_counters c;
-    memset(&c, 0, sizeof c);
-    c.countdown = 1;
+    if (!counting(NULL, &c))
+        return;
     uint64_t sums[AL_MAX_EVENTS] = { 0 }, off = 0;
     _al_counters_before(&c);
     _al_counters_after(&c, 0, sums, &off);
@@ -415,20 +413,6 @@ START_TEST(ring_window_records)
     ck_assert_double_eq_tol(_al_counter_per_op(3, 7, 0, 1, 2.0), 0.0, 1e-12);
 }
 END_TEST
-
-/* Counting EVENTS on every call, into a fresh thread state C; false where perf_event_open is
- * not permitted here (nothing to test). */
-static bool counting(const char *events, struct al_thread_counters *c)
-{
-    int err;
-    if (machine_pmu(&err) == PMU_DENIED)
-        return false;
-    _al_counters_init(events, 1);
-    ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
-    memset(c, 0, sizeof *c);
-    c->countdown = 1;
-    return true;
-}
 
 /* A call that sleeps: its context switch is counted, its time off the CPU is taken out of its
  * task-clock (a read(2) of task-clock would also count the reads' own kernel time). */
