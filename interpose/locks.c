@@ -16,23 +16,22 @@ extern int __pthread_mutex_lock(pthread_mutex_t *);
 extern int __pthread_mutex_trylock(pthread_mutex_t *);
 extern int __pthread_mutex_unlock(pthread_mutex_t *);
 
-/* Spin locks before start-up resolved them (nothing takes one that early in practice): the
- * same protocol as glibc's, 0 free, nonzero held. */
+/* Spin locks before start-up resolved them (nothing takes one that early in practice): our
+ * own spin lock has glibc's protocol, 0 free, nonzero held. */
 static int spin_lock_early(pthread_spinlock_t *l)
 {
-    while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE))
-        __builtin_ia32_pause();
+    _al_spin_lock((_Atomic int *)l);
     return 0;
 }
 
 static int spin_trylock_early(pthread_spinlock_t *l)
 {
-    return __atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE) ? EBUSY : 0;
+    return _al_spin_trylock((_Atomic int *)l) ? 0 : EBUSY;
 }
 
 static int spin_unlock_early(pthread_spinlock_t *l)
 {
-    __atomic_store_n(l, 0, __ATOMIC_RELEASE);
+    _al_spin_unlock((_Atomic int *)l);
     return 0;
 }
 

@@ -17,8 +17,9 @@ static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
 static int (*real_sigprocmask)(int, const sigset_t *, sigset_t *);
 static int (*real_pthread_sigmask)(int, const sigset_t *, sigset_t *);
 
-static struct sigaction program[_NSIG];  /* the program's handlers, as it asked for them */
-static _Atomic int wrapped[_NSIG];
+/* The program's handlers, as it asked for them. Those we wrap are installed as
+ * run_program_handler, which the program is never handed: it is told what it asked for. */
+static struct sigaction program[_NSIG];
 
 void _al_signals_resolve(void)
 {
@@ -37,11 +38,7 @@ static void run_program_handler(int sig, siginfo_t *si, void *ctx)
     struct al_thread *t = _al_tls;
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
-    const struct sigaction *a = &program[sig];
-    if (a->sa_flags & SA_SIGINFO)
-        a->sa_sigaction(sig, si, ctx);
-    else if (a->sa_handler != SIG_IGN && a->sa_handler != SIG_DFL)
-        a->sa_handler(sig);
+    _al_signal_run(&program[sig], sig, si, ctx);
 }
 
 static const sigset_t *without_sigsys(const sigset_t *set, sigset_t *copy)
@@ -62,7 +59,6 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
     if (!dispatching() || sig <= 0 || sig >= _NSIG)
         return real_sigaction(sig, act, old);
     struct sigaction prev = program[sig];
-    bool had = atomic_load(&wrapped[sig]);
     struct sigaction mine;
     const struct sigaction *use = act;
     if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
@@ -74,12 +70,10 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
     }
     int r = real_sigaction(sig, use, old);
     if (r == 0) {
-        if (old && had && old->sa_sigaction == run_program_handler)
+        if (old && old->sa_sigaction == run_program_handler)
             *old = prev;
-        if (act) {
+        if (act)
             program[sig] = *act;
-            atomic_store(&wrapped[sig], use == &mine);
-        }
     }
     return r;
 }

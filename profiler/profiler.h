@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -559,8 +560,10 @@ const char *_al_syscall_name(unsigned kind);
 void _al_syscalls_init(void);
 void _al_syscalls_thread_init(struct al_thread *t);
 bool _al_syscalls_owns_sigsys(void);
-struct sigaction;
 int _al_syscalls_program_sigaction(const struct sigaction *act, struct sigaction *old);
+/* Runs the program's handler A for SIG as the kernel would have (nothing for SIG_DFL and
+ * SIG_IGN, which the caller decides about). */
+void _al_signal_run(const struct sigaction *a, int sig, siginfo_t *si, void *ctx);
 
 void _al_lock_acquired(struct al_thread *t, const void *lock, bool contended, uint64_t wait, uint64_t now);
 void _al_lock_released(struct al_thread *t, const void *lock, uint64_t now);

@@ -91,11 +91,9 @@ static int kind_of(long nr)
     return -1;
 }
 
-/* Counts one call made inside the allocator call T is in. */
+/* Counts one call of KIND made inside the allocator call T is in. */
 static void account(struct al_thread *t, int kind, uint64_t cycles, bool futex_wait)
 {
-    if (!t || !t->in_call || kind < 0)
-        return;
     unsigned slot = t->in_call - 1; /* op * 2 + large */
     AL_BUMP(t->sys.count[kind][slot], 1);
     AL_BUMP(t->sys.cycles[kind][slot], cycles);
@@ -118,25 +116,29 @@ static int kernel_sigaction(void *handler, unsigned long flags, void *restorer)
     return (int)syscall(SYS_rt_sigaction, SIGSYS, &k, NULL, 8);
 }
 
-static struct sigaction program_sigsys; /* what the program asked for SIGSYS */
-static _Atomic int program_sigsys_set;
+static struct sigaction program_sigsys; /* what the program asked for SIGSYS (zero: SIG_DFL) */
 
 static void forward_to_program(int sig, siginfo_t *si, void *ctx)
 {
     struct sigaction a = program_sigsys;
-    if (!atomic_load(&program_sigsys_set) || a.sa_handler == SIG_DFL) {
+    if (a.sa_handler == SIG_DFL) {
         /* As without us: the default action, which ends the process with a core. The
          * sigaction wrapper would only record the request: ask the kernel directly. */
         kernel_sigaction(SIG_DFL, 0, NULL);
         raise(SIGSYS);
         return;
     }
-    if (a.sa_handler == SIG_IGN)
+    _al_signal_run(&a, sig, si, ctx);
+}
+
+void _al_signal_run(const struct sigaction *a, int sig, siginfo_t *si, void *ctx)
+{
+    if (a->sa_handler == SIG_IGN || a->sa_handler == SIG_DFL)
         return;
-    if (a.sa_flags & SA_SIGINFO)
-        a.sa_sigaction(sig, si, ctx);
+    if (a->sa_flags & SA_SIGINFO)
+        a->sa_sigaction(sig, si, ctx);
     else
-        a.sa_handler(sig);
+        a->sa_handler(sig);
 }
 
 static bool must_run_in_place(long nr)
@@ -208,11 +210,10 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
     g[REG_RAX] = r;
     bool wait = kind == AL_SYS_FUTEX && ((g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT ||
                                          (g[REG_RSI] & FUTEX_CMD_MASK) == FUTEX_WAIT_BITSET);
-    if (kind >= 0)
+    if (kind >= 0 && t && t->in_call) {
         account(t, kind, c1 - c0, wait);
-    if (t && t->in_call && (kind == AL_SYS_MMAP || kind == AL_SYS_MUNMAP || kind == AL_SYS_MREMAP || kind == AL_SYS_BRK)) {
         const long args[3] = { (long)g[REG_RDI], (long)g[REG_RSI], (long)g[REG_RDX] };
-        _al_heap_syscall(nr, args, r);
+        _al_heap_syscall(nr, args, r); /* the allocator's mappings and brk */
     }
     errno = saved;
     if (t)
@@ -224,10 +225,8 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
 static int install_handler(void)
 {
     struct sigaction old;
-    if (sigaction(SIGSYS, NULL, &old) == 0 && old.sa_handler != SIG_DFL) {
+    if (sigaction(SIGSYS, NULL, &old) == 0 && old.sa_handler != SIG_DFL)
         program_sigsys = old;
-        atomic_store(&program_sigsys_set, 1);
-    }
     int r = kernel_sigaction((void *)sigsys, SA_SIGINFO | SA_RESTORER | SA_RESTART | SA_ONSTACK,
                              (void *)_al_sud_restorer);
     _al_syscalls.handler_installed = r == 0;
@@ -250,11 +249,8 @@ void _al_syscalls_init(void)
                  "no syscall user dispatch here (prctl: %s); it needs Linux 5.11 and no seccomp filter "
                  "refusing it", strerror(errno));
         /* Our handler stays, passing every SIGSYS on: put the program's own back instead. */
-        struct sigaction prev = program_sigsys;
-        if (!atomic_load(&program_sigsys_set))
-            prev = (struct sigaction){ .sa_handler = SIG_DFL };
         _al_syscalls.handler_installed = false;
-        sigaction(SIGSYS, &prev, NULL);
+        sigaction(SIGSYS, &program_sigsys, NULL);
         return;
     }
     prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0, 0, 0);
@@ -274,20 +270,14 @@ void _al_syscalls_thread_init(struct al_thread *t)
 
 bool _al_syscalls_owns_sigsys(void)
 {
-    return _al_syscalls.dispatch || _al_syscalls.handler_installed;
+    return _al_syscalls.handler_installed; /* dispatch is only ever on with it */
 }
 
 int _al_syscalls_program_sigaction(const struct sigaction *act, struct sigaction *old)
 {
-    if (old) {
-        if (atomic_load(&program_sigsys_set))
-            *old = program_sigsys;
-        else
-            memset(old, 0, sizeof *old); /* SIG_DFL */
-    }
-    if (act) {
+    if (old)
+        *old = program_sigsys;
+    if (act)
         program_sigsys = *act;
-        atomic_store(&program_sigsys_set, 1);
-    }
     return 0;
 }
