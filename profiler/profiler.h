@@ -559,6 +559,7 @@ AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted, uint
 const char *_al_syscall_name(unsigned kind);
 void _al_syscalls_init(void);
 void _al_syscalls_thread_init(struct al_thread *t);
+void _al_syscalls_thread_exit(void);
 bool _al_syscalls_owns_sigsys(void);
 int _al_syscalls_program_sigaction(const struct sigaction *act, struct sigaction *old);
 /* Runs the program's handler A for SIG as the kernel would have (nothing for SIG_DFL and

@@ -266,6 +266,16 @@ void _al_syscalls_thread_init(struct al_thread *t)
           (unsigned long)(__stop_al_sud_text - __start_al_sud_text), &t->sud_selector);
 }
 
+/* The calling thread's state is about to be handed to another thread, which will set its
+ * selector to "block" in its own allocator calls: the kernel must stop reading it for this
+ * thread, still running its exit path (where glibc blocks every signal: a SIGSYS then would
+ * kill the process). */
+void _al_syscalls_thread_exit(void)
+{
+    if (_al_syscalls.dispatch)
+        prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0, 0, 0);
+}
+
 /* ---- the program's own SIGSYS handler ---------------------------------------------------- */
 
 bool _al_syscalls_owns_sigsys(void)

@@ -157,8 +157,10 @@ static void thread_exit(void *arg)
         int before = atomic_fetch_sub_explicit(&_al_live_threads, 1, memory_order_relaxed);
         phase_account(before);
     }
-    /* Before the state can be handed to a new thread, which must not read these fds. */
+    /* Before the state can be handed to a new thread, which must not read these fds nor
+     * have its selector read for this one. */
     _al_counters_thread_close(&t->ctr, false);
+    _al_syscalls_thread_exit();
     clear_state(t);
     t->next = reg.spare;
     reg.spare = t;
