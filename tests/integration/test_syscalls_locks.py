@@ -117,6 +117,20 @@ else:
 # 3. sys_faults under glibc: one fresh page touched inside every malloc, every op sampled.
 # task-clock, the call's cycles less its time switched out, is at most the call's wall time
 # (a read(2) on each side of the call would add its own kernel time: many times a malloc's).
+# Calls are preempted (by other threads, or by whatever else the machine runs), inside the
+# timed call and just outside it: their wall time includes their share of the preemptions,
+# their task-clock does not, so its floor is the typical call's time (the busiest row's
+# median, which preemptions do not move), not the mean. A preemption just outside the call
+# taken off it would drive task-clock to 0.
+def check_task_clock(label, rep, tc, op, slack):
+    rows = [r for r in rep.get("ops", []) if r["op"] == op]
+    timed = sum(r["timed"] for r in rows)
+    wall = sum(r["cycles_total"] for r in rows) / rep["timing"]["cycles_per_ns"] / max(timed, 1)
+    p50 = max(rows, key=lambda r: r["timed"])["ns_p50"] if rows else float("nan")
+    tap.ok(tc is not None and 0.3 * p50 <= tc <= 1.1 * wall + slack,
+           f"{label}: task-clock per {op} {tc} ns, between 0.3 x the median call "
+           f"({p50:.1f} ns) and the mean wall time ({wall:.1f} ns)", rep.get("counters"))
+
 # MALLOC_PERTURB_ (meson sets a random one) makes glibc fill every block inside malloc: then
 # each 1 MiB block (at offset 16 of its mapping) spans 257 pages, all touched in malloc.
 for perturb in (None, "165"):
@@ -148,20 +162,11 @@ for perturb in (None, "165"):
            f"{label}: page-faults per malloc {got} within 10% of the truth "
            f"{n}*{per_block}/{ops} = {expect:.3f}", per)
     tap.ok(per.get("free", 1) <= 0.1, f"{label}: page-faults per free {per.get('free')} ~ 0 (munmap)")
-    rows = [r for r in rep.get("ops", []) if r["op"] == "malloc"]
-    timed = sum(r["timed"] for r in rows)
-    wall = sum(r["cycles_total"] for r in rows) / rep["timing"]["cycles_per_ns"] / max(timed, 1)
-    tc = ev.get("task-clock", {}).get("per_op", {}).get("malloc")
-    tap.ok(tc is not None and 0.3 * wall <= tc <= 1.1 * wall + 1000,
-           f"{label}: task-clock per malloc {tc} ns, within the malloc's mean wall time "
-           f"{wall:.0f} ns", ev.get("task-clock"))
+    check_task_clock(label, rep, ev.get("task-clock", {}).get("per_op", {}).get("malloc"),
+                     "malloc", 1000)
 
-# 3b. The same bound on a call far shorter than a system call: 200000 malloc(48)/free pairs,
-# with 1 and with 4 threads. Calls are preempted (by the other threads, or by whatever else
-# the machine runs), inside the timed call and just outside it: their wall time includes their
-# share of the preemptions, their task-clock does not, so its floor is the typical call's time
-# (the busiest row's median, which preemptions do not move), not the mean. A preemption just
-# outside the call taken off it would drive task-clock to 0.
+# 3b. The same bounds on a call far shorter than a system call: 200000 malloc(48)/free pairs,
+# with 1 and with 4 threads.
 for threads in (1, 4):
     proc, rep = run("glibc", [CONTEND, str(threads)], wd, name=f"contend-clock-{threads}",
                     env=dict(os.environ), extra=["--events", "task-clock", "--sample-every", "1"])
@@ -171,14 +176,7 @@ for threads in (1, 4):
                   f"{label}: ran, counters available", proc.stderr.decode()[-2000:]):
         continue
     for op in ("malloc", "free"):
-        rows = [r for r in rep.get("ops", []) if r["op"] == op]
-        timed = sum(r["timed"] for r in rows)
-        wall = sum(r["cycles_total"] for r in rows) / rep["timing"]["cycles_per_ns"] / max(timed, 1)
-        p50 = max(rows, key=lambda r: r["timed"])["ns_p50"] if rows else float("nan")
-        tc = ctr["events"][0]["per_op"].get(op)
-        tap.ok(tc is not None and 0.3 * p50 <= tc <= 1.1 * wall + 20,
-               f"{label}: task-clock per {op} {tc} ns, between 0.3 x the median call "
-               f"({p50:.1f} ns) and the mean wall time ({wall:.1f} ns)", ctr)
+        check_task_clock(label, rep, ctr["events"][0]["per_op"].get(op), op, 20)
 
 # 4. sys_sigsys: own SIGSYS handler and a seccomp filter, output and status as the plain run.
 def plain(cmd, lib):
