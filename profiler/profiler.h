@@ -286,6 +286,19 @@ struct al_thread_syscalls {
     uint64_t futex_waits;
 };
 
+/* What a thread measures besides the ops rows: syscalls, event counts. Only uint64_t: the
+ * totals add up word by word. */
+struct al_measure_totals {
+    struct al_thread_syscalls sys;
+    uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
+    uint64_t ctr_off_cpu_ns[AL_OP_COUNT];  /* counted calls' time switched out */
+    uint64_t ctr_ops[AL_OP_COUNT];
+    uint64_t ctr_dropped;                  /* calls due to be counted, left out */
+};
+_Static_assert(sizeof(struct al_measure_totals) ==
+                   (2 * AL_SYS_N * AL_OP_COUNT * 2 + 1 + AL_OP_COUNT * (AL_MAX_EVENTS + 2) + 1) * 8,
+               "struct al_measure_totals holds uint64_t words only");
+
 struct al_syscalls_state {
     bool dispatch;           /* syscall user dispatch works here */
     bool handler_installed;
@@ -326,11 +339,7 @@ struct al_thread {
     struct al_thread_counters ctr;
     unsigned nheld;
     struct al_held held[AL_HELD_MAX];
-    uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
-    uint64_t ctr_off_cpu_ns[AL_OP_COUNT];  /* counted calls' time switched out */
-    uint64_t ctr_ops[AL_OP_COUNT];
-    uint64_t ctr_dropped;                  /* calls due to be counted, left out */
-    struct al_thread_syscalls sys;
+    struct al_measure_totals m;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
     struct al_thread *next;
     struct al_row rows[AL_ROWS];
@@ -353,15 +362,6 @@ void _al_threads_init(void);
 struct al_thread_totals {
     uint64_t total, max_live;
     uint64_t serial_cycles, parallel_cycles;
-};
-
-/* What the threads measured besides the ops rows: syscalls, event counts. */
-struct al_measure_totals {
-    struct al_thread_syscalls sys;
-    uint64_t ctr_sums[AL_OP_COUNT][AL_MAX_EVENTS];
-    uint64_t ctr_off_cpu_ns[AL_OP_COUNT];  /* counted calls' time switched out */
-    uint64_t ctr_ops[AL_OP_COUNT];
-    uint64_t ctr_dropped;                  /* calls due to be counted, left out */
 };
 
 /* Sums every thread's rows and histograms (those that exited and those still running) into
@@ -548,11 +548,11 @@ AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted, uint
     t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
     t->in_call = 0;
     if (AL_UNLIKELY(counted)) {
-        enum al_counted r = _al_counters_after(&t->ctr, cycles, t->ctr_sums[op], &t->ctr_off_cpu_ns[op]);
+        enum al_counted r = _al_counters_after(&t->ctr, cycles, t->m.ctr_sums[op], &t->m.ctr_off_cpu_ns[op]);
         if (r == AL_CTR_COUNTED)
-            AL_BUMP(t->ctr_ops[op], 1);
+            AL_BUMP(t->m.ctr_ops[op], 1);
         else if (r == AL_CTR_DROPPED)
-            AL_BUMP(t->ctr_dropped, 1);
+            AL_BUMP(t->m.ctr_dropped, 1);
     }
 }
 
@@ -576,11 +576,18 @@ void _al_locks_init(void);
 extern bool _al_timed, _al_records;
 extern enum al_mode _al_mode;
 
-/* The sampler's hot path: one subtraction, one branch (sampler.c has the rest). */
-AL_INLINE void _al_sample_countdown(struct al_thread *t, size_t size, void *p)
+/* The sampler's hot path: one subtraction, one branch (sampler.c has the rest). An
+ * allocation of SIZE counts down SIZE + 1 bytes (the estimator relies on the + 1); true when
+ * it is the one to sample. */
+AL_INLINE bool _al_sample_due(struct al_thread *t, size_t size)
 {
     t->sample_countdown -= (int64_t)size + 1;
-    if (AL_UNLIKELY(t->sample_countdown < 0))
+    return AL_UNLIKELY(t->sample_countdown < 0);
+}
+
+AL_INLINE void _al_sample_countdown(struct al_thread *t, size_t size, void *p)
+{
+    if (_al_sample_due(t, size))
         _al_sample_alloc(t, size, p);
 }
 
@@ -699,8 +706,7 @@ AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t si
 {
     unsigned row = _al_row_index(op, size >= _al_large_threshold, AL_REUSE_NA, _al_phase_now());
     AL_BUMP(t->rows[row].count, 1);
-    t->sample_countdown -= (int64_t)size + 1;
-    return AL_LIKELY(t->sample_countdown >= 0);
+    return !_al_sample_due(t, size);
 }
 
 AL_INLINE void _al_count_free_first(struct al_thread *t, unsigned op)

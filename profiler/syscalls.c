@@ -95,10 +95,10 @@ static int kind_of(long nr)
 static void account(struct al_thread *t, int kind, uint64_t cycles, bool futex_wait)
 {
     unsigned slot = t->in_call - 1; /* op * 2 + large */
-    AL_BUMP(t->sys.count[kind][slot], 1);
-    AL_BUMP(t->sys.cycles[kind][slot], cycles);
+    AL_BUMP(t->m.sys.count[kind][slot], 1);
+    AL_BUMP(t->m.sys.cycles[kind][slot], cycles);
     if (futex_wait)
-        AL_BUMP(t->sys.futex_waits, 1);
+        AL_BUMP(t->m.sys.futex_waits, 1);
 }
 
 /* ---- SIGSYS ------------------------------------------------------------------------------ */

@@ -71,19 +71,10 @@ static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row
 
 static void add_extra(struct al_measure_totals *d, const struct al_thread *t)
 {
-    for (unsigned k = 0; k < AL_SYS_N; k++)
-        for (unsigned s = 0; s < AL_OP_COUNT * 2; s++) {
-            d->sys.count[k][s] += AL_READ(t->sys.count[k][s]);
-            d->sys.cycles[k][s] += AL_READ(t->sys.cycles[k][s]);
-        }
-    d->sys.futex_waits += AL_READ(t->sys.futex_waits);
-    d->ctr_dropped += AL_READ(t->ctr_dropped);
-    for (unsigned op = 0; op < AL_OP_COUNT; op++) {
-        d->ctr_ops[op] += AL_READ(t->ctr_ops[op]);
-        d->ctr_off_cpu_ns[op] += AL_READ(t->ctr_off_cpu_ns[op]);
-        for (unsigned e = 0; e < AL_MAX_EVENTS; e++)
-            d->ctr_sums[op][e] += AL_READ(t->ctr_sums[op][e]);
-    }
+    uint64_t *dst = (uint64_t *)d;
+    const uint64_t *src = (const uint64_t *)&t->m;
+    for (size_t i = 0; i < sizeof *d / sizeof *dst; i++)
+        dst[i] += AL_READ(src[i]);
 }
 
 void _al_thread_measure_init(struct al_thread *t)
@@ -95,11 +86,7 @@ void _al_thread_measure_init(struct al_thread *t)
 static void clear_state(struct al_thread *t)
 {
     memset(t->rows, 0, sizeof t->rows);
-    memset(&t->sys, 0, sizeof t->sys);
-    memset(t->ctr_sums, 0, sizeof t->ctr_sums);
-    memset(t->ctr_off_cpu_ns, 0, sizeof t->ctr_off_cpu_ns);
-    memset(t->ctr_ops, 0, sizeof t->ctr_ops);
-    t->ctr_dropped = 0;
+    memset(&t->m, 0, sizeof t->m);
     t->nheld = 0;
     for (unsigned i = 0; i < AL_ROWS; i++)
         if (t->hist[i])
