@@ -109,23 +109,18 @@ int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err,
 
 /* ---- init ------------------------------------------------------------------------------- */
 
-/* kernel.perf_event_paranoid, or -100 when it cannot be read (no stdio: plain syscalls). */
-static int read_paranoid(void)
+/* kernel.perf_event_paranoid as text for a reason line ("unknown" when it cannot be read). */
+static const char *paranoid_text(char buf[32])
 {
-    char buf[32];
-    if (_al_proc_read("/proc/sys/kernel/perf_event_paranoid", buf, sizeof buf) < 0)
-        return -100;
-    int sign = 1, v = 0;
-    const char *p = buf;
-    if (*p == '-') {
-        sign = -1;
-        p++;
-    }
-    if (*p < '0' || *p > '9')
-        return -100;
-    while (*p >= '0' && *p <= '9')
-        v = v * 10 + (*p++ - '0');
-    return sign * v;
+    if (_al_proc_read("/proc/sys/kernel/perf_event_paranoid", buf, 32) < 0)
+        return "unknown";
+    const char *p = buf + (buf[0] == '-');
+    const char *end = p;
+    _al_proc_num(&end, 10);
+    if (end == p)
+        return "unknown";
+    buf[end - buf] = '\0';
+    return buf;
 }
 
 static bool is_no_pmu(int e)
@@ -249,14 +244,9 @@ static void drop_event(unsigned i)
 
 static void denied_reason(int e)
 {
-    char p[16];
-    int par = read_paranoid();
-    if (par == -100)
-        snprintf(p, sizeof p, "unknown");
-    else
-        snprintf(p, sizeof p, "%d", par);
-    set_unavailable("perf_event_open not permitted (kernel.perf_event_paranoid = %s: %s)", p,
-                    strerror(e));
+    char buf[32];
+    set_unavailable("perf_event_open not permitted (kernel.perf_event_paranoid = %s: %s)",
+                    paranoid_text(buf), strerror(e));
 }
 
 /* Probes every event; drops the ones this machine lacks (warning about user-named ones).
@@ -280,6 +270,51 @@ static int probe_all(bool user, bool *user_only)
     return 0;
 }
 
+/* The set the user named: 0, the errno of a permission failure (the caller reports it), or -1
+ * with the section already made unavailable. */
+static int choose_named(const char *events, bool *user_only)
+{
+    resolve_list(events, true);
+    if (_al_counters.nevents == 0) {
+        set_unavailable("none of the events '%s' is known here", events);
+        return -1;
+    }
+    int e = probe_all(true, user_only);
+    if (e == 0 && _al_counters.nevents == 0) {
+        set_unavailable("none of the events '%s' can be counted on this machine", events);
+        return -1;
+    }
+    return e;
+}
+
+/* The default set, returning as choose_named: hardware where the machine has a PMU (the first
+ * event decides), software events otherwise. */
+static int choose_default(bool *user_only)
+{
+    resolve_list(default_hw, false);
+    int e = _al_counters.nevents ? probe(&_al_counters.events[0], user_only) : ENOENT;
+    if (e == 0)
+        return probe_all(false, user_only);
+    if (is_denied(e))
+        return e;
+    if (!is_no_pmu(e)) {
+        set_unavailable("perf_event_open failed for '%s': %s", _al_counters.events[0].name,
+                        strerror(e));
+        return -1;
+    }
+    resolve_list(default_sw, false);
+    snprintf(_al_counters.reason, sizeof _al_counters.reason,
+             "no hardware PMU on this machine (perf_event_open: %s); software events instead",
+             strerror(e));
+    _al_counters.software = true;
+    e = probe_all(false, user_only);
+    if (e == 0 && _al_counters.nevents == 0) {
+        set_unavailable("neither hardware nor software events can be counted here");
+        return -1;
+    }
+    return e;
+}
+
 void _al_counters_init(const char *events, unsigned sample_every)
 {
     memset(&_al_counters, 0, sizeof _al_counters);
@@ -299,71 +334,25 @@ void _al_counters_init(const char *events, unsigned sample_every)
 
     bool user = events && events[0];
     bool user_only = false;
-    if (user) {
-        resolve_list(events, true);
-        if (_al_counters.nevents == 0) {
-            set_unavailable("none of the events '%s' is known here", events);
-            return;
-        }
-        int e = probe_all(true, &user_only);
-        if (e) {
-            denied_reason(e);
-            return;
-        }
-        if (_al_counters.nevents == 0) {
-            set_unavailable("none of the events '%s' can be counted on this machine", events);
-            return;
-        }
-    } else {
-        /* The default set: hardware where the machine has a PMU. The first event decides. */
-        resolve_list(default_hw, false);
-        int e = _al_counters.nevents ? probe(&_al_counters.events[0], &user_only) : ENOENT;
-        if (e == 0) {
-            e = probe_all(false, &user_only);
-            if (e) {
-                denied_reason(e);
-                return;
-            }
-        } else if (is_no_pmu(e)) {
-            resolve_list(default_sw, false);
-            snprintf(_al_counters.reason, sizeof _al_counters.reason,
-                     "no hardware PMU on this machine (perf_event_open: %s); software events instead",
-                     strerror(e));
-            _al_counters.software = true;
-            e = probe_all(false, &user_only);
-            if (e) {
-                denied_reason(e);
-                return;
-            }
-            if (_al_counters.nevents == 0) {
-                set_unavailable("neither hardware nor software events can be counted here");
-                return;
-            }
-        } else if (is_denied(e)) {
-            denied_reason(e);
-            return;
-        } else {
-            set_unavailable("perf_event_open failed for '%s': %s", _al_counters.events[0].name,
-                            strerror(e));
-            return;
-        }
-    }
-
-    int e = probe_group();
-    if (e) {
-        if (is_denied(e))
-            denied_reason(e);
-        else
+    int e = user ? choose_named(events, &user_only) : choose_default(&user_only);
+    if (e == 0) {
+        e = probe_group();
+        if (e && !is_denied(e)) {
             set_unavailable("the event group cannot be opened on this machine (perf_event_open: %s)",
                             strerror(e));
-        return;
+            return;
+        }
     }
+    if (e > 0)
+        denied_reason(e);
+    if (e)
+        return;
     if (user_only) {
         size_t len = strlen(_al_counters.reason);
-        int par = read_paranoid();
+        char buf[32];
         snprintf(_al_counters.reason + len, sizeof _al_counters.reason - len,
-                 "%ssoftware events count user mode only (kernel.perf_event_paranoid = %d)",
-                 len ? "; " : "", par);
+                 "%ssoftware events count user mode only (kernel.perf_event_paranoid = %s)",
+                 len ? "; " : "", paranoid_text(buf));
     }
     for (unsigned i = 0; i < _al_counters.nevents; i++) {
         if (_al_counters.events[i].kind != AL_EV_CLOCK)

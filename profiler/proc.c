@@ -7,16 +7,21 @@
 
 #include "profiler.h"
 
-static uint64_t hex(const char **s)
+uint64_t _al_proc_num(const char **s, unsigned base)
 {
     uint64_t v = 0;
     for (;; (*s)++) {
         char c = **s;
         unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 16;
-        if (d == 16)
+        if (d >= base)
             return v;
-        v = v << 4 | d;
+        v = v * base + d;
     }
+}
+
+static uint64_t hex(const char **s)
+{
+    return _al_proc_num(s, 16);
 }
 
 static const char *field(const char *s)

@@ -382,6 +382,8 @@ struct al_map {
 bool _al_maps_each(char *buf, size_t cap, bool (*fn)(const struct al_map *m, void *arg), void *arg);
 /* The file at PATH in one read into BUF (CAP bytes), NUL-terminated: its length, or -1. */
 ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
+/* The unsigned number at *S in BASE (10 or 16, lower-case digits); *S is left after it. */
+uint64_t _al_proc_num(const char **s, unsigned base);
 
 /* ---- heap.c: the allocator's heap ranges and their residency ------------------------------- */
 

@@ -239,10 +239,8 @@ static uint64_t rss_now(void)
     const char *c = strchr(buf, ' '); /* "size resident shared ..." in pages */
     if (!c)
         return 0;
-    uint64_t res = 0;
-    for (c++; *c >= '0' && *c <= '9'; c++)
-        res = res * 10 + (uint64_t)(*c - '0');
-    return res * 4096;
+    c++;
+    return _al_proc_num(&c, 10) * 4096;
 }
 
 static void take(struct al_waste_snapshot *s)
