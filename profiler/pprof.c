@@ -88,11 +88,6 @@ static void pb_sub(struct al_buf *b, unsigned field, const struct al_buf *m)
 #define ARR_AT(buf, type, i) (((type *)(void *)(buf).data)[i])
 #define ARR_LEN(buf, type) ((buf).len / sizeof(type))
 
-static void arr_push(struct al_buf *b, const void *rec, size_t size)
-{
-    _al_buf_putn(b, rec, size);
-}
-
 /* Open addressing, linear probing, kept at most half full. A slot's v is the entry's index + 1
  * (0: empty); k1/k2 are its key, h its hash. Strings hash their bytes and keep their length in
  * k2; the bytes are compared against the string array on a hash match. */
@@ -107,19 +102,9 @@ struct table {
     bool failed;
 };
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 static uint64_t hash_pair(uint64_t a, uint64_t b)
 {
-    return mix64(a * 0x9e3779b97f4a7c15ull ^ mix64(b + 0x632be59bd9b4e5a9ull));
+    return _al_mix64(a * 0x9e3779b97f4a7c15ull ^ _al_mix64(b + 0x632be59bd9b4e5a9ull));
 }
 
 static uint64_t hash_bytes(const char *s, size_t n)
@@ -129,7 +114,7 @@ static uint64_t hash_bytes(const char *s, size_t n)
         h ^= (unsigned char)s[i];
         h *= 0x100000001b3ull;
     }
-    return mix64(h ^ n);
+    return _al_mix64(h ^ n);
 }
 
 /* Room for one more entry; false when memory ran out. */
@@ -183,6 +168,21 @@ struct pp {
     bool failed;
 };
 
+/* Appends REC (SIZE bytes) to ARR and enters it in T at SL, a free slot whose key is set: its
+ * id (its index + 1), or 0 when out of memory (the slot stays free). */
+static uint64_t table_add(struct pp *w, struct table *t, struct slot *sl, struct al_buf *arr,
+                          const void *rec, size_t size)
+{
+    _al_buf_putn(arr, rec, size);
+    if (arr->failed) {
+        w->failed = true;
+        return 0;
+    }
+    sl->v = arr->len / size;
+    t->n++;
+    return sl->v;
+}
+
 static uint64_t intern_n(struct pp *w, const char *s, size_t n)
 {
     uint64_t h = hash_bytes(s, n);
@@ -200,16 +200,10 @@ static uint64_t intern_n(struct pp *w, const char *s, size_t n)
                 return sl->v - 1;
         }
     }
-    uint64_t idx = ARR_LEN(w->strs, struct str_rec);
+    t->s[i] = (struct slot){ .h = h, .k1 = h, .k2 = n };
     struct str_rec r = { s, n };
-    arr_push(&w->strs, &r, sizeof r);
-    if (w->strs.failed) {
-        w->failed = true;
-        return 0;
-    }
-    t->s[i] = (struct slot){ .h = h, .k1 = h, .k2 = n, .v = idx + 1 };
-    t->n++;
-    return idx;
+    uint64_t id = table_add(w, t, &t->s[i], &w->strs, &r, sizeof r);
+    return id ? id - 1 : 0;
 }
 
 /* A string's index in the string table; NULL is "" (index 0). */
@@ -246,14 +240,7 @@ static uint32_t function_id(struct pp *w, const char *name, const char *file)
     if (v)
         return (uint32_t)v;
     struct func_rec r = { n, f };
-    arr_push(&w->funcs, &r, sizeof r);
-    if (w->funcs.failed) {
-        w->failed = true;
-        return 0;
-    }
-    sl->v = ARR_LEN(w->funcs, struct func_rec);
-    w->tfunc.n++;
-    return (uint32_t)sl->v;
+    return (uint32_t)table_add(w, &w->tfunc, sl, &w->funcs, &r, sizeof r);
 }
 
 /* The id (1-based) of the Location of frame F, deduplicated by (address, mapping). */
@@ -275,13 +262,8 @@ static uint64_t location_id(struct pp *w, const struct al_pprof_frame *f)
         r.function = function_id(w, f->function, f->file);
     if (w->failed)
         return 0;
-    arr_push(&w->locs, &r, sizeof r);
-    if (w->locs.failed) {
-        w->failed = true;
+    if (!table_add(w, &w->tloc, sl, &w->locs, &r, sizeof r))
         return 0;
-    }
-    sl->v = ARR_LEN(w->locs, struct loc_rec);
-    w->tloc.n++;
     if (mapping) {
         struct map_stat *m = &ARR_AT(w->mstat, struct map_stat, mapping - 1);
         m->locations++;
@@ -392,7 +374,7 @@ static int encode(struct pp *w)
     intern_n(w, "", 0); /* index 0 */
     for (uint32_t i = 0; i < p->nmappings; i++) {
         struct map_stat z = { 0 };
-        arr_push(&w->mstat, &z, sizeof z);
+        _al_buf_putn(&w->mstat, (const char *)&z, sizeof z);
     }
     if (w->mstat.failed)
         return -ENOMEM;

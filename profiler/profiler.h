@@ -133,6 +133,15 @@ AL_INLINE void _al_mem_touch(void *p)
 
 /* The profiler's own locks: spin locks, only ever on rare paths (a sample, a snapshot, a
  * thread starting or ending, the report), never a lock of the allocator being measured. */
+/* SplitMix64's finaliser: 64 well-mixed bits from any 64 (the sampler's generator, pprof's
+ * hash tables). */
+AL_INLINE uint64_t _al_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 AL_INLINE bool _al_spin_trylock(_Atomic int *l)
 {
     return !atomic_exchange_explicit(l, 1, memory_order_acquire);
@@ -799,6 +808,8 @@ struct al_report {
 
 /* report.c: figures both writers print, computed once. */
 double _al_report_ns(const struct al_report *r, double cycles);
+/* System calls of kind K inside allocator calls, all ops together: how many, and their cycles. */
+void _al_report_syscall_total(const struct al_report *r, unsigned k, uint64_t *count, uint64_t *cycles);
 /* Event E's average per counted call of OP. */
 double _al_report_counter(const struct al_report *r, unsigned op, unsigned e);
 uint64_t _al_report_alloc_cycles(const struct al_report *r); /* every row, and the first call */

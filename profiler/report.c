@@ -102,6 +102,15 @@ static void gather(struct al_report *r, bool has_status, int status)
     r->profiler_bytes = _al_mem_footprint() + r->shadow_bytes;
 }
 
+void _al_report_syscall_total(const struct al_report *r, unsigned k, uint64_t *count, uint64_t *cycles)
+{
+    *count = *cycles = 0;
+    for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {
+        *count += r->measure.sys.count[k][i];
+        *cycles += r->measure.sys.cycles[k][i];
+    }
+}
+
 double _al_report_counter(const struct al_report *r, unsigned op, unsigned e)
 {
     return _al_counter_per_op(e, r->measure.ctr_sums[op][e], r->measure.ctr_off_cpu_ns[op],

@@ -148,11 +148,8 @@ static void syscalls(struct al_buf *b, const struct al_report *r)
     _al_buf_puts(b, "  \"syscalls\": [");
     bool any = false;
     for (unsigned k = 0; _al_syscalls.dispatch && k < AL_SYS_N; k++) {
-        uint64_t count = 0, cycles = 0;
-        for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {
-            count += s->count[k][i];
-            cycles += s->cycles[k][i];
-        }
+        uint64_t count, cycles;
+        _al_report_syscall_total(r, k, &count, &cycles);
         _al_buf_printf(b, "%s\n    { \"name\": \"%s\", \"count\": %llu, \"cycles_total\": %llu, \"ns_total\": %.0f, \"by_op\": {",
                        any ? "," : "", _al_syscall_name(k), (unsigned long long)count, (unsigned long long)cycles,
                        _al_report_ns(r, (double)cycles));

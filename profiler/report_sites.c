@@ -106,23 +106,17 @@ static void frame_text(char *out, size_t cap, uintptr_t pc)
 
 /* ---- ranking ------------------------------------------------------------------------------- */
 
-static int by_peak(const void *a, const void *b)
-{
-    double x = (*(struct al_site *const *)a)->peak_live_bytes, y = (*(struct al_site *const *)b)->peak_live_bytes;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-static int by_frag(const void *a, const void *b)
-{
-    double x = (*(struct al_site *const *)a)->frag_bytes, y = (*(struct al_site *const *)b)->frag_bytes;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-static int by_alloc(const void *a, const void *b)
-{
-    double x = (*(struct al_site *const *)a)->alloc_bytes, y = (*(struct al_site *const *)b)->alloc_bytes;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
+/* Comparators for qsort over site pointers: the largest FIELD first. */
+#define BY(name, field)                                                                    \
+    static int name(const void *a, const void *b)                                          \
+    {                                                                                      \
+        double x = (*(struct al_site *const *)a)->field, y = (*(struct al_site *const *)b)->field; \
+        return x < y ? 1 : x > y ? -1 : 0;                                                 \
+    }
+BY(by_peak, peak_live_bytes)
+BY(by_frag, frag_bytes)
+BY(by_alloc, alloc_bytes)
+#undef BY
 
 static struct al_site **ranked(int (*cmp)(const void *, const void *), uint32_t *n)
 {
@@ -286,15 +280,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
     char (*names)[256] = _al_mem_map(frames_n * 2 * 256);
     if (!mp || !samples || !frames || !names) {
         _al_log("out of memory writing the pprof profile %s", path);
-        if (mp)
-            _al_mem_unmap(mp, sizeof *mp);
-        if (samples)
-            _al_mem_unmap(samples, (n + 1) * sizeof *samples);
-        if (frames)
-            _al_mem_unmap(frames, frames_n * sizeof *frames);
-        if (names)
-            _al_mem_unmap(names, frames_n * 2 * 256);
-        return;
+        goto out;
     }
     _al_maps_each(mp->buf, sizeof mp->buf, add_mapping, mp);
     _al_sampler_lock();
@@ -331,6 +317,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
     char err[512];
     if (_al_pprof_write(path, &p, err, sizeof err) < 0)
         _al_log("%s", err);
+out: /* unmapping NULL does nothing */
     _al_mem_unmap(names, frames_n * 2 * 256);
     _al_mem_unmap(frames, frames_n * sizeof *frames);
     _al_mem_unmap(samples, (n + 1) * sizeof *samples);

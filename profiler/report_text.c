@@ -97,11 +97,8 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     if (_al_syscalls.dispatch) {
         _al_buf_puts(b, "syscalls     inside allocator calls (syscall user dispatch):");
         for (unsigned k = 0; k < AL_SYS_N; k++) {
-            uint64_t n = 0, cyc = 0;
-            for (unsigned i = 0; i < AL_OP_COUNT * 2; i++) {
-                n += r->measure.sys.count[k][i];
-                cyc += r->measure.sys.cycles[k][i];
-            }
+            uint64_t n, cyc;
+            _al_report_syscall_total(r, k, &n, &cyc);
             if (n)
                 _al_buf_printf(b, " %s %llu (%.1f us)", _al_syscall_name(k), (unsigned long long)n, _al_report_ns(r, (double)cyc) / 1e3);
         }

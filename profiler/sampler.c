@@ -77,10 +77,7 @@ static void unlock(void)
 
 static uint64_t splitmix(uint64_t *x)
 {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return _al_mix64(*x += 0x9e3779b97f4a7c15ull);
 }
 
 static int64_t next_countdown(struct al_thread *t)
@@ -138,7 +135,8 @@ void _al_sampler_init(const struct al_settings *set)
     s.slots = _al_mem_map((size_t)SLOTS * sizeof(struct slot));
     _al_sampler.sites = _al_mem_map((size_t)AL_SITES_MAX * sizeof(struct al_site));
     _al_sampler.slots = _al_mem_map(AL_SITE_SLOTS * sizeof(uint32_t));
-    _al_sampler.usable_size = (size_t (*)(void *))dlsym(RTLD_DEFAULT, "malloc_usable_size");
+    /* The allocator's own (ours, first in the global scope, would only forward to it). */
+    _al_sampler.usable_size = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
     if (!s.samples || !s.slots || !_al_sampler.sites || !_al_sampler.slots) {
         _al_log("no memory for the site sampler: sites are not reported");
         _al_sampler.rate = 0;
