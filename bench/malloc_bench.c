@@ -117,6 +117,18 @@ static inline void do_free(struct worker *w, void *p)
     w->c.free_n++;
 }
 
+/* A fresh object of N bytes (WHAT: the call, for the message), touched; out of memory ends
+ * the run. */
+static void *ready(void *p, size_t n, const char *what)
+{
+    if (!p) {
+        fprintf(stderr, "malloc_bench: out of memory (%s%zu bytes)\n", what, n);
+        exit(1);
+    }
+    touch(p, n);
+    return p;
+}
+
 static void *alloc_one(struct worker *w)
 {
     size_t n = pick_size(&w->seed);
@@ -128,12 +140,7 @@ static void *alloc_one(struct worker *w)
         p = malloc(n);
         w->c.malloc_n++;
     }
-    if (!p) {
-        fprintf(stderr, "malloc_bench: out of memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    touch(p, n);
-    return p;
+    return ready(p, n, "");
 }
 
 static int queue_push(struct queue *q, void *p)
@@ -171,12 +178,7 @@ static void *replace(struct worker *w, void *p)
             n = 16384;
         void *q = realloc(p, n);
         w->c.realloc_n++;
-        if (!q) {
-            fprintf(stderr, "malloc_bench: out of memory (realloc %zu bytes)\n", n);
-            exit(1);
-        }
-        touch(q, n);
-        return q;
+        return ready(q, n, "realloc ");
     }
     if (w->out && r >= 1000 - HANDOFF_PER_MILLE) {
         if (queue_push(w->out, p))

@@ -14,7 +14,6 @@ static size_t dir_bytes;
 /* Every region record made, for the footprint: a list that only grows, in its own mapping. */
 #define ALL_MAX (1u << 20)
 static _Atomic(struct al_shadow_region *) *all;
-static _Atomic uint32_t nall;
 
 uint64_t _al_shadow_address_bits(void)
 {
@@ -85,8 +84,7 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
         won = false;
         r = _al_shadow_install((_Atomic(void *) *)slot, sizeof *r, 0, &won);
         if (won) {
-            atomic_fetch_add_explicit(&_al_shadow.regions, 1, memory_order_relaxed);
-            uint32_t i = atomic_fetch_add_explicit(&nall, 1, memory_order_relaxed);
+            uint64_t i = atomic_fetch_add_explicit(&_al_shadow.regions, 1, memory_order_relaxed);
             if (i < ALL_MAX)
                 atomic_store_explicit(&all[i], r, memory_order_release);
         }
@@ -113,10 +111,10 @@ size_t _al_shadow_footprint(void)
     static unsigned char vec[(sizeof(struct al_shadow_region) + 4095) / 4096];
     uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
     size_t total = mapped(0, slices);
-    uint32_t n = atomic_load_explicit(&nall, memory_order_relaxed);
+    uint64_t n = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
     if (n > ALL_MAX)
         n = ALL_MAX;
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint64_t i = 0; i < n; i++) {
         struct al_shadow_region *r = atomic_load_explicit(&all[i], memory_order_acquire);
         if (!r)
             continue;

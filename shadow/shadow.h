@@ -164,9 +164,9 @@ void _al_shadow_set_sampled(const void *p, bool sampled);
 
 /* ---- usage.c: levels 2 and 3, bytes in use ------------------------------------------------- */
 
-#define AL_SHADOW_COLD __attribute__((cold, noinline))
-
-void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
+/* The rare case of _al_shadow_own below: cold on its declaration, so that its callers
+ * (compiled elsewhere) keep the call out of the hot code. */
+__attribute__((cold)) void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
 
 /* Records that the thread with tag TAG (1..255) owns the object of N bytes at A, in A's region
  * R, N under a page (bigger objects go to the slow path, which writes their last line). A page

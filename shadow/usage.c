@@ -97,7 +97,7 @@ static void spill_owner(uint64_t page, unsigned owner, uint64_t skip)
         each_object(page, page + AL_SHADOW_PAGE_SIZE, spill_one, &s);
 }
 
-AL_SHADOW_COLD void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag)
+void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag)
 {
     uint64_t end = a + (n ? n : 1);
     uint16_t mine = (uint16_t)(tag << AL_LINE_OWNER_SHIFT);
