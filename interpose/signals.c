@@ -41,9 +41,10 @@ static void run_program_handler(int sig, siginfo_t *si, void *ctx)
     _al_signal_run(&program[sig], sig, si, ctx);
 }
 
-static const sigset_t *without_sigsys(const sigset_t *set, sigset_t *copy)
+/* The mask change HOW SET asks for, SIGSYS left deliverable (in *COPY where it must change). */
+static const sigset_t *without_sigsys(int how, const sigset_t *set, sigset_t *copy)
 {
-    if (!set || !dispatching() || !sigismember(set, SIGSYS))
+    if (how == SIG_UNBLOCK || !set || !dispatching() || !sigismember(set, SIGSYS))
         return set;
     *copy = *set;
     sigdelset(copy, SIGSYS);
@@ -92,7 +93,7 @@ AL_EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
     if (AL_UNLIKELY(!real_sigprocmask))
         _al_signals_resolve();
     sigset_t copy;
-    return real_sigprocmask(how, how == SIG_UNBLOCK ? set : without_sigsys(set, &copy), old);
+    return real_sigprocmask(how, without_sigsys(how, set, &copy), old);
 }
 
 AL_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
@@ -100,5 +101,5 @@ AL_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
     if (AL_UNLIKELY(!real_pthread_sigmask))
         _al_signals_resolve();
     sigset_t copy;
-    return real_pthread_sigmask(how, how == SIG_UNBLOCK ? set : without_sigsys(set, &copy), old);
+    return real_pthread_sigmask(how, without_sigsys(how, set, &copy), old);
 }
