@@ -11,8 +11,12 @@
  * second one does; an allocation writes them only when that changes. Most pages only ever hold
  * one thread's objects (allocators hand each thread its own runs of pages), and their owner
  * stands for every line on them: line entries are written once a second thread comes to the
- * page, starting with the first owner's lines found from the records then. A thread that puts
- * an object on such a page at the very moment another one comes can have that one line missed.
+ * page, starting with the first owner's lines found from the records then. A big object that
+ * reaches the page from further back than the records are looked for is found from the page's
+ * bytes in use instead, so a page nobody shares costs no line entry at all (most of the level
+ * 3 memory of a program with big objects, were each to write its last line itself). A thread
+ * that puts an object on such a page at the very moment another one comes can have that one
+ * line missed.
  */
 #include "shadow.h"
 
@@ -68,11 +72,17 @@ struct spill {
     struct al_shadow_region *r;
     uint64_t page, skip;
     unsigned owner;
+    uint64_t big; /* bytes on the page of the big objects found (the skipped one included) */
 };
 
 static void spill_one(uint64_t g, const struct al_shadow_object *live, void *arg)
 {
     struct spill *s = arg;
+    if (live && live->requested >= AL_SHADOW_BIG) {
+        uint64_t lo = g > s->page ? g : s->page, end = s->page + AL_SHADOW_PAGE_SIZE;
+        uint64_t hi = g + live->requested < end ? g + live->requested : end;
+        s->big += hi > lo ? hi - lo : 0;
+    }
     if (g == s->skip)
         return;
     if (g >= s->page)
@@ -88,13 +98,18 @@ static void spill_one(uint64_t g, const struct al_shadow_object *live, void *arg
 
 /* The page at PAGE, so far OWNER's alone, is about to get a second owner: OWNER's lines on it
  * are written out. They are those an object was ever put on (a seen granule) and those a live
- * object reaches (a big object from further back writes its last line itself). SKIP is the new
- * owner's object, recorded already. */
+ * object reaches. SKIP is the new owner's object, recorded already. The page's big bytes that
+ * no record found belong to the one big object from further back that covers the page's start
+ * (objects do not overlap); it is OWNER's, since its allocation took every page it covers. */
 static void spill_owner(uint64_t page, unsigned owner, uint64_t skip)
 {
-    struct spill s = { _al_shadow_region(page), page, skip, owner };
-    if (s.r)
-        each_object(page, page + AL_SHADOW_PAGE_SIZE, spill_one, &s);
+    struct spill s = { _al_shadow_region(page), page, skip, owner, 0 };
+    if (!s.r)
+        return;
+    each_object(page, page + AL_SHADOW_PAGE_SIZE, spill_one, &s);
+    uint32_t used = atomic_load_explicit(&s.r->page_used[AL_SHADOW_PAGE_INDEX(page)], memory_order_relaxed);
+    if (used > s.big)
+        own_lines(s.r, page, page + (used - s.big), owner);
 }
 
 void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag)
@@ -127,10 +142,6 @@ void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, uns
             own_lines(r, lo, hi, tag);
         }
     }
-    /* A big object's last line: the page it ends on may later be shared, and its record lies
-     * further back than a page. */
-    if (n >= AL_SHADOW_BIG && (r = _al_shadow_region_get(end - 1)) != NULL)
-        own_line(line_of(r, end - 1), tag);
 }
 
 void _al_shadow_use_big(uint64_t a, uint64_t n, int sign)

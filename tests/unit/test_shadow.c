@@ -5,6 +5,7 @@
 #include "check_main.h"
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "shadow.h"
 
@@ -153,7 +154,7 @@ static void mark_by(uint64_t a, uint64_t req, unsigned tag)
 
 /* A page-aligned object of a page and more, on two pages its thread owns already: when a
  * second thread comes to the page it ends on, its last line is still its thread's (the spill
- * looks back less than a page for live objects; a big object writes its last line itself). */
+ * looks back less than a page for records, and finds the rest from the page's bytes in use). */
 START_TEST(big_object_keeps_its_last_line)
 {
     uint64_t page = 0x7f0001600000ull;
@@ -166,6 +167,27 @@ START_TEST(big_object_keeps_its_last_line)
     mark_by(page + 4096 + 2048, 8, 6);
     ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 4999))), 5);
     ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 4096 + 2048))), 6);
+}
+END_TEST
+
+/* One thread's big objects, each ending part way into a page: no line entry is written (the
+ * pages' owner stands for their lines), so the kernel backs none of level 3 for them. */
+START_TEST(lone_owner_writes_no_lines)
+{
+    uint64_t base = 0x7f0002000000ull + 64 * 4096;
+    for (unsigned i = 0; i < 8; i++)
+        mark_by(base + i * 3 * 4096 + 100, 2 * 4096 + 500, 9);
+    struct al_shadow_region *r = _al_shadow_region(base);
+    ck_assert_ptr_nonnull(r);
+    uintptr_t lo = (uintptr_t)&r->line[AL_SHADOW_PAGE_INDEX(base)][0] & ~(uintptr_t)4095;
+    uintptr_t hi = (uintptr_t)&r->line[AL_SHADOW_PAGE_INDEX(base) + 24][0];
+    unsigned char vec[4];
+    ck_assert_uint_le((hi - lo + 4095) / 4096, sizeof vec);
+    ck_assert_int_eq(mincore((void *)lo, hi - lo, vec), 0);
+    for (uintptr_t k = 0; k < (hi - lo + 4095) / 4096; k++)
+        ck_assert_uint_eq(vec[k] & 1, 0);
+    /* Read back, the lines are still the thread's. */
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(base + 2 * 4096 + 599))), 9);
 }
 END_TEST
 
@@ -384,6 +406,7 @@ int main(void)
     tcase_add_test(tc, every_size_through_the_table);
     tcase_add_test(tc, page_owners_stand_for_their_lines);
     tcase_add_test(tc, big_object_keeps_its_last_line);
+    tcase_add_test(tc, lone_owner_writes_no_lines);
     tcase_add_test(tc, heap_pages);
     tcase_add_test(tc, region_boundaries);
     tcase_add_test(tc, beyond_the_table);
