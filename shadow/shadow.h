@@ -7,8 +7,11 @@
  * region record made on first use from mmap, which holds level 2 (256 page entries: bytes in
  * use on the page, and which threads own objects on it) and level 3 (64 cache-line entries per
  * page: bytes in use on the line and which threads own objects on it; see usage.c for what is
- * kept and what is summed on read). The kernel backs a region record's pages only as they are
- * written, so an entry costs memory in proportion to the heap it describes.
+ * kept and what is summed on read). A page gets its line entries when it first needs them (a
+ * second thread comes to it): a block of the region's level 3, handed out in that order, so
+ * that the pages of level 3 the kernel backs are those that hold some page's lines. The kernel
+ * backs a region record's pages only as they are written, so an entry costs memory in
+ * proportion to the heap it describes.
  *
  * The region record also holds, per 8-byte granule (the smallest alignment any allocator hands
  * out), one byte: four flags (an allocation ever returned this address; the object here now is
@@ -54,8 +57,10 @@ struct al_shadow_region {
     _Atomic uint32_t page_span[AL_SHADOW_PAGES];    /* most pages an object from here covered */
     _Atomic uint16_t page_owner[AL_SHADOW_PAGES];   /* owners, as a line entry (usage.c) */
     _Atomic uint16_t page_large[AL_SHADOW_PAGES];   /* --mode time: live large objects starting here */
+    _Atomic uint16_t page_lines[AL_SHADOW_PAGES];   /* 1 + the page's block of line[]; 0: none yet */
+    _Atomic uint32_t line_blocks;                   /* blocks of line[] handed out */
     _Atomic uint64_t seen[AL_SHADOW_GRANULES / 64]; /* --mode time: a bit per granule ever returned */
-    _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3 */
+    _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3, a block per page */
     uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4 */
 };
 

@@ -22,6 +22,8 @@
 
 static void own_line(_Atomic uint16_t *l, unsigned tag)
 {
+    if (!l)
+        return;
     uint16_t cur = atomic_load_explicit(l, memory_order_relaxed);
     for (;;) {
         unsigned o = (cur & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT;
@@ -33,9 +35,31 @@ static void own_line(_Atomic uint16_t *l, unsigned tag)
     }
 }
 
+/* The line entry of A, NULL where its page has none yet. */
+static _Atomic uint16_t *line_find(struct al_shadow_region *r, uint64_t a)
+{
+    uint16_t b = atomic_load_explicit(&r->page_lines[AL_SHADOW_PAGE_INDEX(a)], memory_order_acquire);
+    return b ? &r->line[b - 1][(a >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)] : NULL;
+}
+
+/* The same, the page's block handed out first where it has none. Two threads that come at once
+ * each take a block and one keeps it; the other's is lost, so in a long run of such races the
+ * region's blocks could run out: that page's lines then go unrecorded (NULL), nothing worse.
+ * No thread ever waits on another here (one stopped by fork or a signal mid-way cannot hang
+ * the rest). */
 static _Atomic uint16_t *line_of(struct al_shadow_region *r, uint64_t a)
 {
-    return &r->line[AL_SHADOW_PAGE_INDEX(a)][(a >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)];
+    _Atomic uint16_t *pl = &r->page_lines[AL_SHADOW_PAGE_INDEX(a)];
+    uint16_t b = atomic_load_explicit(pl, memory_order_acquire);
+    if (!b) {
+        uint32_t k = atomic_load_explicit(&r->line_blocks, memory_order_relaxed);
+        if (k >= AL_SHADOW_PAGES ||
+            (k = atomic_fetch_add_explicit(&r->line_blocks, 1, memory_order_relaxed)) >= AL_SHADOW_PAGES)
+            return NULL;
+        uint16_t mine = (uint16_t)(k + 1);
+        b = atomic_compare_exchange_strong_explicit(pl, &b, mine, memory_order_acq_rel, memory_order_acquire) ? mine : b;
+    }
+    return &r->line[b - 1][(a >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)];
 }
 
 /* The lines of [lo, hi), all within R's region. */
@@ -203,7 +227,8 @@ uint16_t _al_shadow_line(const void *p)
     struct al_shadow_region *r = _al_shadow_region(a);
     if (!r)
         return 0;
-    uint16_t owners = atomic_load_explicit(line_of(r, a), memory_order_relaxed);
+    _Atomic uint16_t *l = line_find(r, a);
+    uint16_t owners = l ? atomic_load_explicit(l, memory_order_relaxed) : 0;
     uint32_t used = small_bytes(line, line + 64);
     /* A page with one owner stands for its lines where an object is or was. */
     uint16_t page = atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed);

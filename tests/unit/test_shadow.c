@@ -170,24 +170,48 @@ START_TEST(big_object_keeps_its_last_line)
 }
 END_TEST
 
-/* One thread's big objects, each ending part way into a page: no line entry is written (the
- * pages' owner stands for their lines), so the kernel backs none of level 3 for them. */
-START_TEST(lone_owner_writes_no_lines)
+/* The pages of R's region record that hold only level 3, and the kernel backs (or maps the zero
+ * page into: reads of the fields around it must not count). */
+static unsigned level3_pages(struct al_shadow_region *r)
 {
-    uint64_t base = 0x7f0002000000ull + 64 * 4096;
+    static unsigned char vec[sizeof r->line / 4096];
+    uintptr_t lo = ((uintptr_t)r->line + 4095) & ~(uintptr_t)4095;
+    uintptr_t hi = ((uintptr_t)r->line + sizeof r->line) & ~(uintptr_t)4095;
+    ck_assert_int_eq(mincore((void *)lo, hi - lo, vec), 0);
+    unsigned n = 0;
+    for (uintptr_t k = 0; k < (hi - lo + 4095) / 4096; k++)
+        n += vec[k] & 1;
+    return n;
+}
+
+/* One thread's big objects, each ending part way into a page: no line entry is written (the
+ * pages' owner stands for their lines), so the kernel backs none of level 3 for them. Pages
+ * with two owners far apart in the region get their lines in one block after another. */
+START_TEST(line_entries_only_where_shared)
+{
+    uint64_t region = 0x7f0002000000ull, base = region + 64 * 4096;
     for (unsigned i = 0; i < 8; i++)
         mark_by(base + i * 3 * 4096 + 100, 2 * 4096 + 500, 9);
     struct al_shadow_region *r = _al_shadow_region(base);
     ck_assert_ptr_nonnull(r);
-    uintptr_t lo = (uintptr_t)&r->line[AL_SHADOW_PAGE_INDEX(base)][0] & ~(uintptr_t)4095;
-    uintptr_t hi = (uintptr_t)&r->line[AL_SHADOW_PAGE_INDEX(base) + 24][0];
-    unsigned char vec[4];
-    ck_assert_uint_le((hi - lo + 4095) / 4096, sizeof vec);
-    ck_assert_int_eq(mincore((void *)lo, hi - lo, vec), 0);
-    for (uintptr_t k = 0; k < (hi - lo + 4095) / 4096; k++)
-        ck_assert_uint_eq(vec[k] & 1, 0);
-    /* Read back, the lines are still the thread's. */
+    ck_assert_uint_eq(r->line_blocks, 0);
+    unsigned before = level3_pages(r);
+    ck_assert_uint_eq(before, 0);
     ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(base + 2 * 4096 + 599))), 9);
+    /* Another region: twenty pages 8 apart, whose lines would span five pages of a table by
+     * page index. */
+    r = _al_shadow_region_get(region + (1u << 20));
+    before = level3_pages(r);
+    for (unsigned i = 0; i < 20; i++) {
+        uint64_t page = region + (1u << 20) + (uint64_t)i * 8 * 4096 + 4096;
+        mark_by(page, 64, 3);
+        mark_by(page + 64, 64, 4);
+        ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)page)), 3);
+        ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 64))), 4);
+        ck_assert_uint_eq(_al_shadow_line((void *)(uintptr_t)(page + 128)), 0);
+    }
+    ck_assert_uint_eq(r->line_blocks, 20);
+    ck_assert_uint_le(level3_pages(r), before + 1);
 }
 END_TEST
 
@@ -406,7 +430,7 @@ int main(void)
     tcase_add_test(tc, every_size_through_the_table);
     tcase_add_test(tc, page_owners_stand_for_their_lines);
     tcase_add_test(tc, big_object_keeps_its_last_line);
-    tcase_add_test(tc, lone_owner_writes_no_lines);
+    tcase_add_test(tc, line_entries_only_where_shared);
     tcase_add_test(tc, heap_pages);
     tcase_add_test(tc, region_boundaries);
     tcase_add_test(tc, beyond_the_table);
