@@ -28,7 +28,7 @@
     static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        unsigned large = (size) >= _al_large_threshold;                                \
+        unsigned large = (size) >= _al_hot.large_threshold;                                \
         AL_TIMED_CALL(op, large, void *r = _al_real.sym args);                         \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
@@ -53,7 +53,7 @@
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return _al_timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
+            return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return _al_bootstrap_alloc(size);                                              \
@@ -63,7 +63,7 @@
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_timed))                                                      \
+        if (AL_LIKELY(_al_hot.timed))                                                      \
             return timed_##sym(t, AL_STRIP(args));                                     \
         if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
             return sampled_##sym(t, AL_STRIP(args));                                   \
@@ -83,11 +83,11 @@
         t->busy = 1;                                                                   \
         struct al_waste_undo undo;                                                     \
         unsigned had = 0, was_large = 0;                                               \
-        if (AL_LIKELY(_al_records) && p)                                               \
+        if (AL_LIKELY(_al_hot.records) && p)                                               \
             had = _al_waste_free(t, p, &undo);                                         \
         else if (p)                                                                    \
             was_large = _al_mark_free(p);                                              \
-        unsigned large = (size) >= _al_large_threshold;                                \
+        unsigned large = (size) >= _al_hot.large_threshold;                                \
         AL_TIMED_CALL(op, large, void *r = _al_real.sym args);                         \
         /* Failed: the old object is still the program's. */                           \
         if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
@@ -113,7 +113,7 @@
             return _al_bootstrap_realloc(p, (size));                                   \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return _al_timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
+            return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return _al_bootstrap_alloc(size);                                              \
@@ -123,7 +123,7 @@
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy || _al_bootstrap_owns(p)))                       \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_timed))                                                      \
+        if (AL_LIKELY(_al_hot.timed))                                                      \
             return timed_##sym(t, AL_STRIP(args));                                     \
         return counted_##sym(t, AL_STRIP(args));                                       \
     }
@@ -134,7 +134,7 @@
     static AL_NOINLINE void timed_##sym(struct al_thread *t, AL_STRIP(params))         \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        unsigned large = !p ? 0 : AL_LIKELY(_al_records) ? _al_waste_free(t, p, NULL) & 1 \
+        unsigned large = !p ? 0 : AL_LIKELY(_al_hot.records) ? _al_waste_free(t, p, NULL) & 1 \
                                                          : _al_mark_free(p);           \
         AL_TIMED_CALL(op, large, _al_real.sym args);                                   \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
@@ -149,7 +149,7 @@
     static AL_NOINLINE void slow_##sym params                                          \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
-        if (t && _al_timed)                                                            \
+        if (t && _al_hot.timed)                                                            \
             timed_##sym(t, AL_STRIP(args));                                            \
         else if (t)                                                                    \
             counted_##sym(t, AL_STRIP(args));                                          \
@@ -165,7 +165,7 @@
             slow_##sym args;                                                           \
             return;                                                                    \
         }                                                                              \
-        if (AL_LIKELY(_al_timed)) {                                                    \
+        if (AL_LIKELY(_al_hot.timed)) {                                                    \
             timed_##sym(t, AL_STRIP(args));                                            \
             return;                                                                    \
         }                                                                              \
@@ -188,7 +188,7 @@
     static AL_NOINLINE int timed_##sym(struct al_thread *t, AL_STRIP(params))          \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        unsigned large = (size) >= _al_large_threshold;                                \
+        unsigned large = (size) >= _al_hot.large_threshold;                                \
         AL_TIMED_CALL(op, large, int rc = _al_real.sym args);                          \
         _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
@@ -204,7 +204,7 @@
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return _al_timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
+            return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return ENOMEM;                                                                 \
@@ -214,7 +214,7 @@
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_timed))                                                      \
+        if (AL_LIKELY(_al_hot.timed))                                                      \
             return timed_##sym(t, AL_STRIP(args));                                     \
         return counted_##sym(t, AL_STRIP(args));                                       \
     }

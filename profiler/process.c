@@ -24,8 +24,8 @@ static bool started;
 static void set_mode(enum al_mode m)
 {
     _al_mode = m;
-    _al_timed = m != AL_MODE_SAMPLE;
-    _al_records = m == AL_MODE_FULL;
+    _al_hot.timed = m != AL_MODE_SAMPLE;
+    _al_hot.records = m == AL_MODE_FULL;
 }
 
 /* What every call needs: the real functions, the cycle counter's cost, the shadow table and
@@ -101,10 +101,10 @@ void _al_process_start(void)
     if (t)
         t->busy = 1; /* what follows may allocate: forwarded, not counted */
     _al_settings_load(&_al_settings);
-    _al_large_threshold = _al_settings.large_threshold;
+    _al_hot.large_threshold = _al_settings.large_threshold;
     set_mode(_al_settings.mode);
     _al_sampler_init(&_al_settings);
-    if (_al_timed) {
+    if (_al_hot.timed) {
         _al_locks_init();
         if (_al_settings.syscalls)
             _al_syscalls_init();
@@ -144,10 +144,10 @@ void _al_process_start(void)
     if (_al_settings.large_threshold_set) {
         _al_allocator.threshold_source = "option";
     } else if (_al_allocator.config) {
-        _al_large_threshold = _al_allocator.config->large_threshold;
+        _al_hot.large_threshold = _al_allocator.config->large_threshold;
         _al_allocator.threshold_source = "config";
     }
-    if (_al_records)
+    if (_al_hot.records)
         _al_waste_init(_al_allocator.config);
     else
         snprintf(_al_waste.reason, sizeof _al_waste.reason, "not measured in --mode %s",

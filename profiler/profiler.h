@@ -93,6 +93,44 @@ uint64_t _al_hist_bucket_high(unsigned b);
  * bucket holding the ceil(q*n)-th smallest sample; 0 for an empty histogram. */
 uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q);
 
+/* Pages that hold a live sampled object, hashed into this many buckets: a bit each in
+ * _al_hot.sample_pages, which a free or realloc in --mode time and --mode sample looks at
+ * before it looks for the object's mark in the shadow table. */
+#define AL_SAMPLE_PAGES 4096
+
+AL_INLINE unsigned _al_sample_page(const void *p)
+{
+    return (unsigned)((((uint64_t)(uintptr_t)p >> 12) * 0x9e3779b97f4a7c15ull) >> 52);
+}
+
+/* The globals every allocation call reads, on one page of their own (record.c). Beyond its
+ * instructions, a call costs the program misses on what it touches while the program's own
+ * data crowds it out of the caches and the TLB: a forwarding shim that reads a line on each
+ * of five pages per call cost malloc_bench about 6% more than one that reads none. So an
+ * allocation call touches this page, the first page of the thread's state, the GOT entry of
+ * that state's TLS slot and the allocator's entry points, and nothing else. (Against globals
+ * on three pages, the free path's table on a fourth and its row on the state's second page,
+ * --mode sample measured 0.99x: within the noise of these machines.) */
+struct al_hot {
+    /* timed: every call is timed (--mode full, the default, and --mode time); records: every
+     * object has a record (--mode full). --mode sample only counts calls and samples
+     * allocation sites. */
+    bool timed, records;
+    _Atomic int live_threads;
+    uint64_t large_threshold;
+    /* A bit per hashed page that holds a live sampled object (sampler.c keeps the counts): a
+     * free or realloc outside --mode full looks here before it looks in the shadow table. */
+    _Atomic uint64_t sample_pages[AL_SAMPLE_PAGES / 64];
+};
+
+extern struct al_hot _al_hot;
+
+AL_INLINE bool _al_sample_page_maybe(const void *p)
+{
+    unsigned b = _al_sample_page(p);
+    return (atomic_load_explicit(&_al_hot.sample_pages[b / 64], memory_order_relaxed) >> (b % 64)) & 1;
+}
+
 #include "sampler.h"
 
 /* ---- tsc.c: cycle counter, its own cost, conversion to ns ---------------------------------- */
@@ -345,18 +383,22 @@ struct al_thread {
                                 credit (waste.c) */
     int64_t sample_countdown; /* bytes until the next sampled allocation */
     uint64_t rng;             /* this thread's generator for the countdowns */
+    /* The rows, on the same page as the fields above (the state is a mapping of its own): a
+     * call touches no other page of it (see struct al_hot for why that matters). */
+    struct al_row rows[AL_ROWS];
     struct al_thread_counters ctr;
     unsigned nheld;
     struct al_held held[AL_HELD_MAX];
     struct al_measure_totals m;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
     struct al_thread *next;
-    struct al_row rows[AL_ROWS];
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
 };
 
+_Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row) <= 4096,
+               "a call's fields of struct al_thread fit on its first page");
+
 extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
-extern _Atomic int _al_live_threads;
 
 struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
 void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
@@ -515,7 +557,6 @@ struct al_first_call {
     uint64_t cycles;
 };
 
-extern uint64_t _al_large_threshold;
 extern uint64_t _al_tsc_overhead;
 extern struct al_first_call _al_first;
 
@@ -539,7 +580,7 @@ AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles
 
 AL_INLINE unsigned _al_phase_now(void)
 {
-    return atomic_load_explicit(&_al_live_threads, memory_order_relaxed) > 1;
+    return atomic_load_explicit(&_al_hot.live_threads, memory_order_relaxed) > 1;
 }
 
 /* Around the real allocator call: what the SIGSYS handler and the lock wrappers need to know
@@ -581,10 +622,6 @@ void _al_lock_acquired(struct al_thread *t, const void *lock, bool contended, ui
 void _al_lock_released(struct al_thread *t, const void *lock, uint64_t now);
 void _al_locks_init(void);
 
-/* _al_timed: every call is timed (--mode full, the default, and --mode time); _al_records:
- * every object has a record (--mode full). --mode sample only counts calls and samples
- * allocation sites. */
-extern bool _al_timed, _al_records;
 extern enum al_mode _al_mode;
 
 /* The sampler's hot path: one subtraction, one branch (sampler.c has the rest). An
@@ -640,7 +677,7 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
     struct al_shadow_object o;
     if (AL_UNLIKELY(!t->cls) || !_al_shadow_object_end(r, a, (uint8_t)flags, &o)) /* not live: no record */
         return 0;
-    if (AL_UNLIKELY((o.requested >= _al_large_threshold) | o.odd | !_al_waste.has_table))
+    if (AL_UNLIKELY((o.requested >= _al_hot.large_threshold) | o.odd | !_al_waste.has_table))
         return _al_waste_count_free(t, p, &o, undo);
     uint32_t slot = _al_class_index(&_al_waste.table, o.requested);
     int64_t *row = t->cls[slot], bytes = (int64_t)_al_waste.table.classes[slot];
@@ -691,7 +728,7 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, u
     unsigned reuse = AL_REUSE_NA;
     if (AL_UNLIKELY(p == NULL))
         ;
-    else if (AL_LIKELY(_al_records))
+    else if (AL_LIKELY(_al_hot.records))
         reuse = _al_waste_alloc(t, p, size, large, op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW);
     else
         reuse = _al_mark_alloc(p, large);
@@ -715,7 +752,7 @@ AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large,
  * with the thread busy, and samples it. */
 AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t size)
 {
-    unsigned row = _al_row_index(op, size >= _al_large_threshold, AL_REUSE_NA, _al_phase_now());
+    unsigned row = _al_row_index(op, size >= _al_hot.large_threshold, AL_REUSE_NA, _al_phase_now());
     AL_BUMP(t->rows[row].count, 1);
     return !_al_sample_due(t, size);
 }

@@ -3,8 +3,9 @@
  * out of the cycle figures (the report shows it on its own line). */
 #include "profiler.h"
 
-uint64_t _al_large_threshold = 131072;
-bool _al_timed = true, _al_records = true;
+struct al_hot _al_hot __attribute__((aligned(4096))) = {
+    .timed = true, .records = true, .live_threads = 1, .large_threshold = 131072,
+};
 enum al_mode _al_mode = AL_MODE_FULL;
 uint64_t _al_tsc_overhead;
 struct al_first_call _al_first;

@@ -85,9 +85,9 @@ static void gather(struct al_report *r, bool has_status, int status)
     }
     r->runtime_ns = now.ns - image_start.ns;
     r->allocator = _al_allocator;
-    r->large_threshold = _al_large_threshold;
+    r->large_threshold = _al_hot.large_threshold;
     _al_threads_collect(r->rows, r->hist, &r->threads, &r->measure);
-    if (!_al_timed) {
+    if (!_al_hot.timed) {
         sample_mode_rows(r);
     } else if (atomic_load(&_al_first.taken)) {
         r->first_excluded = true;
@@ -137,7 +137,7 @@ void _al_report_row(const struct al_report *r, unsigned i, struct al_row_stats *
     _al_row_split(i, &op, &large, &reuse, &phase);
     s->op = _al_op_name(op);
     /* --mode sample does not look a freed object up: its size class is not known. */
-    s->size_class = !_al_timed && (op == AL_OP_FREE || op == AL_OP_DELETE) ? "unknown" : large ? "large" : "small";
+    s->size_class = !_al_hot.timed && (op == AL_OP_FREE || op == AL_OP_DELETE) ? "unknown" : large ? "large" : "small";
     s->reuse = _al_reuse_name(reuse);
     s->phase = _al_phase_name(phase);
     const uint64_t *h = r->hist + (size_t)i * AL_HIST_BUCKETS;

@@ -186,7 +186,7 @@ static void syscalls(struct al_buf *b, const struct al_report *r)
 static void locks(struct al_buf *b, const struct al_report *r)
 {
     if (!_al_locks) {
-        unavailable(b, "locks", _al_timed ? "no memory for the lock table" : "not measured in --mode sample", false);
+        unavailable(b, "locks", _al_hot.timed ? "no memory for the lock table" : "not measured in --mode sample", false);
         return;
     }
     _al_buf_puts(b, "  \"locks\": { \"available\": true, \"scope\": \"pthread mutexes and spin locks taken "

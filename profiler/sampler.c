@@ -42,7 +42,6 @@ struct sample {
 };
 
 struct al_sampler _al_sampler;
-uint8_t _al_sample_pages[AL_SAMPLE_PAGES];
 
 /* Live samples sit densely in samples[0, nsamples) (a free moves the last one into the hole),
  * found by address through an open-addressing index. */
@@ -61,7 +60,24 @@ static struct {
     double live_bytes, residency_peak;
     bool residency_pending;
     int pagemap;
+    uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s = { .pagemap = -1 };
+
+/* One more (or one fewer) live sample on p's bucket; the free path's bit follows. A saturated
+ * count stays, and so does its bit: that only costs a shadow lookup. */
+static void page_sample(const void *p, int d)
+{
+    unsigned b = _al_sample_page(p);
+    uint8_t c = s.page_samples[b];
+    if (c == UINT8_MAX || (d < 0 && c == 0))
+        return;
+    s.page_samples[b] = (uint8_t)(c + d);
+    uint64_t bit = 1ull << (b % 64);
+    if (c + d == 0)
+        atomic_fetch_and_explicit(&_al_hot.sample_pages[b / 64], ~bit, memory_order_relaxed);
+    else if (c == 0)
+        atomic_fetch_or_explicit(&_al_hot.sample_pages[b / 64], bit, memory_order_relaxed);
+}
 
 static void lock(void)
 {
@@ -154,7 +170,8 @@ void _al_sampler_atfork_child(void)
     if (_al_sampler.enabled) {
         for (uint64_t i = 0; i < s.nsamples; i++)
             _al_shadow_set_sampled((void *)s.samples[i].addr, false);
-        memset(_al_sample_pages, 0, sizeof _al_sample_pages);
+        memset(s.page_samples, 0, sizeof s.page_samples);
+        memset(_al_hot.sample_pages, 0, sizeof _al_hot.sample_pages);
         madvise(s.samples, (size_t)SAMPLES_CAP * sizeof(struct sample), MADV_DONTNEED);
         madvise(s.slots, (size_t)SLOTS * sizeof(struct slot), MADV_DONTNEED);
         madvise(_al_sampler.sites, (size_t)AL_SITES_MAX * sizeof(struct al_site), MADV_DONTNEED);
@@ -286,9 +303,7 @@ static void forget(struct sample *e, uint64_t now)
     st->life_cycles[_al_hist_bucket(life)]++;
     st->nlife++;
     _al_shadow_set_sampled((void *)e->addr, false);
-    uint8_t *c = &_al_sample_pages[_al_sample_page((void *)e->addr)];
-    if (*c && *c != UINT8_MAX) /* a saturated counter stays: only costs a shadow lookup */
-        __atomic_store_n(c, *c - 1, __ATOMIC_RELAXED);
+    page_sample((void *)e->addr, -1);
     erase(e);
 }
 
@@ -393,9 +408,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
         sl->idx = (uint32_t)s.nsamples;
         s.samples[s.nsamples++] = (struct sample){ (uintptr_t)p, id, size, now, objects, bytes };
         _al_shadow_set_sampled(p, true);
-        uint8_t *c = &_al_sample_pages[_al_sample_page(p)];
-        if (*c != UINT8_MAX)
-            __atomic_store_n(c, *c + 1, __ATOMIC_RELAXED);
+        page_sample(p, 1);
         st->live_bytes += bytes;
         st->live_objects += objects;
         s.live_bytes += bytes;

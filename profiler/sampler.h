@@ -41,21 +41,6 @@ struct al_sampler {
 
 extern struct al_sampler _al_sampler;
 
-/* Live samples per hashed page: a free or realloc in --mode time and --mode sample looks here
- * (4 KiB, in cache) before it looks for the object's mark in the shadow table. */
-#define AL_SAMPLE_PAGES 4096
-extern uint8_t _al_sample_pages[AL_SAMPLE_PAGES];
-
-static inline __attribute__((always_inline)) unsigned _al_sample_page(const void *p)
-{
-    return (unsigned)((((uint64_t)(uintptr_t)p >> 12) * 0x9e3779b97f4a7c15ull) >> 52);
-}
-
-static inline __attribute__((always_inline)) bool _al_sample_page_maybe(const void *p)
-{
-    return __atomic_load_n(&_al_sample_pages[_al_sample_page(p)], __ATOMIC_RELAXED) != 0;
-}
-
 void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
 void _al_sample_free(const void *p);
 

@@ -21,7 +21,6 @@ extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *obj, void *dso);
 extern void *__dso_handle;
 
 __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
-_Atomic int _al_live_threads = 1;
 
 static struct {
     _Atomic int lock;
@@ -141,7 +140,7 @@ static void thread_exit(void *arg)
         }
     }
     if (t->spawned) {
-        int before = atomic_fetch_sub_explicit(&_al_live_threads, 1, memory_order_relaxed);
+        int before = atomic_fetch_sub_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
         phase_account(before);
     }
     /* Before the state can be handed to a new thread, which must not read these fds nor
@@ -196,7 +195,7 @@ struct al_thread *_al_thread_attach(void)
 void _al_thread_spawning(void)
 {
     lock();
-    int before = atomic_fetch_add_explicit(&_al_live_threads, 1, memory_order_relaxed);
+    int before = atomic_fetch_add_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
     phase_account(before);
     reg.total++;
     if ((uint64_t)before + 1 > reg.max_live)
@@ -207,7 +206,7 @@ void _al_thread_spawning(void)
 void _al_thread_spawn_failed(void)
 {
     lock();
-    int before = atomic_fetch_sub_explicit(&_al_live_threads, 1, memory_order_relaxed);
+    int before = atomic_fetch_sub_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
     phase_account(before);
     reg.total--;
     unlock();
@@ -254,7 +253,7 @@ void _al_threads_after_fork_child(void)
     memset(&reg.extra, 0, sizeof reg.extra);
     if (reg.hist)
         memset(reg.hist, 0, HIST_BYTES);
-    atomic_store_explicit(&_al_live_threads, 1, memory_order_relaxed);
+    atomic_store_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
     reg.total = reg.max_live = 1;
     reg.serial_cycles = reg.parallel_cycles = 0;
     reg.phase_since = _al_tsc();
@@ -271,7 +270,7 @@ void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_t
         add_rows(rows, hist, t->rows, t->hist);
         add_extra(extra, t);
     }
-    int live = atomic_load_explicit(&_al_live_threads, memory_order_relaxed);
+    int live = atomic_load_explicit(&_al_hot.live_threads, memory_order_relaxed);
     phase_account(live);
     tot->total = reg.total;
     tot->max_live = reg.max_live;

@@ -63,7 +63,7 @@ void _al_waste_init(const struct al_alloc_config *c)
         return;
     }
     w->usable = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
-    if (c && c->large_threshold == _al_large_threshold) {
+    if (c && c->large_threshold == _al_hot.large_threshold) {
         size_t bytes = _al_class_table_bytes(c);
         void *mem = bytes ? _al_mem_map(bytes) : NULL;
         if (mem && _al_class_table_build(&w->table, c, mem) == 0) {
@@ -200,7 +200,7 @@ AL_NOINLINE unsigned _al_waste_count_free(struct al_thread *t, void *p, const st
                                           struct al_waste_undo *undo)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    unsigned large = o->requested >= _al_large_threshold;
+    unsigned large = o->requested >= _al_hot.large_threshold;
     bool odd;
     int64_t extra, bytes;
     uint32_t slot = classify(p, a, o->requested, large, o->odd, o->pages, &odd, &extra, &bytes);
