@@ -29,10 +29,10 @@
 #include "profiler.h"
 #include "sampler.h"
 
+#define SLOT_BITS_MIN 10
 #define SLOT_BITS 19
-#define SLOTS (1u << SLOT_BITS)
-#define SAMPLES_CAP (SLOTS / 2)    /* live sampled objects (at R = 512 KiB: 128 GiB live); the
-                                      index at most half full */
+#define SAMPLES_CAP (1u << (SLOT_BITS - 1)) /* live sampled objects (at R = 512 KiB: 128 GiB
+                                               live); the index at most half full */
 
 struct sample {
     uintptr_t addr;
@@ -54,6 +54,8 @@ static struct {
     _Atomic int lock;
     struct sample *samples;
     struct slot *slots;
+    unsigned slot_bits; /* the index has 1 << slot_bits slots: twice what the most live
+                           samples so far needed, so that it costs memory in proportion */
     uint64_t nsamples;
     _Atomic uint64_t thread_ordinal;
     uintptr_t self_lo, self_hi;  /* our own code, kept out of the stacks */
@@ -148,7 +150,8 @@ void _al_sampler_init(const struct al_settings *set)
     if (!set->sample_rate)
         return;
     s.samples = _al_mem_map((size_t)SAMPLES_CAP * sizeof(struct sample));
-    s.slots = _al_mem_map((size_t)SLOTS * sizeof(struct slot));
+    s.slot_bits = SLOT_BITS_MIN;
+    s.slots = _al_mem_map(sizeof(struct slot) << s.slot_bits);
     _al_sampler.sites = _al_mem_map((size_t)AL_SITES_MAX * sizeof(struct al_site));
     _al_sampler.slots = _al_mem_map(AL_SITE_SLOTS * sizeof(uint32_t));
     /* The allocator's own (ours, first in the global scope, would only forward to it). */
@@ -173,7 +176,7 @@ void _al_sampler_atfork_child(void)
         memset(s.page_samples, 0, sizeof s.page_samples);
         memset(_al_hot.sample_pages, 0, sizeof _al_hot.sample_pages);
         madvise(s.samples, (size_t)SAMPLES_CAP * sizeof(struct sample), MADV_DONTNEED);
-        madvise(s.slots, (size_t)SLOTS * sizeof(struct slot), MADV_DONTNEED);
+        madvise(s.slots, sizeof(struct slot) << s.slot_bits, MADV_DONTNEED);
         madvise(_al_sampler.sites, (size_t)AL_SITES_MAX * sizeof(struct al_site), MADV_DONTNEED);
         memset(_al_sampler.slots, 0, AL_SITE_SLOTS * sizeof(uint32_t));
         memset(&_al_sampler.unattributed, 0, sizeof _al_sampler.unattributed);
@@ -241,14 +244,19 @@ static unsigned capture(uintptr_t *frames)
 
 static uint64_t slot_of(uintptr_t a)
 {
-    return ((a >> 3) * 0x9e3779b97f4a7c15ull) >> (64 - SLOT_BITS);
+    return ((a >> 3) * 0x9e3779b97f4a7c15ull) >> (64 - s.slot_bits);
+}
+
+static uint64_t slot_mask(void)
+{
+    return (1ull << s.slot_bits) - 1;
 }
 
 static struct slot *find_slot(uintptr_t a)
 {
-    /* The index is 8 MiB, mostly untouched: its pages come in one by one, at samples. */
+    /* A fresh index is untouched: its pages come in one by one, at samples. */
     _al_mem_touch(&s.slots[slot_of(a)]);
-    for (uint64_t i = slot_of(a);; i = (i + 1) & (SLOTS - 1)) {
+    for (uint64_t i = slot_of(a);; i = (i + 1) & slot_mask()) {
         if (s.slots[i].addr == a || !s.slots[i].addr)
             return &s.slots[i];
     }
@@ -264,7 +272,7 @@ static struct sample *find(uintptr_t a)
 static void unindex(struct slot *sl)
 {
     uint64_t i = (uint64_t)(sl - s.slots);
-    for (uint64_t j = (i + 1) & (SLOTS - 1);; j = (j + 1) & (SLOTS - 1)) {
+    for (uint64_t j = (i + 1) & slot_mask();; j = (j + 1) & slot_mask()) {
         if (!s.slots[j].addr)
             break;
         uint64_t home = slot_of(s.slots[j].addr);
@@ -275,6 +283,29 @@ static void unindex(struct slot *sl)
         }
     }
     s.slots[i].addr = 0;
+}
+
+/* Room in the index for one more live sample: it stays at most half full, twice as big, built
+ * again from the samples, when it would not. False when there is no memory for that. */
+static bool index_room(void)
+{
+    if (s.nsamples < 1ull << (s.slot_bits - 1))
+        return true;
+    if (s.slot_bits >= SLOT_BITS)
+        return false;
+    struct slot *old = s.slots;
+    struct slot *bigger = _al_mem_map(sizeof(struct slot) << (s.slot_bits + 1));
+    if (!bigger)
+        return false;
+    s.slots = bigger;
+    s.slot_bits++;
+    for (uint64_t i = 0; i < s.nsamples; i++) {
+        struct slot *sl = find_slot(s.samples[i].addr);
+        sl->addr = s.samples[i].addr;
+        sl->idx = (uint32_t)i;
+    }
+    _al_mem_unmap(old, sizeof(struct slot) << (s.slot_bits - 1));
+    return true;
 }
 
 static void erase(struct sample *e)
@@ -402,7 +433,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
         forget(old, now);
     uint32_t id = site_of(frames, n);
     struct al_site *st = id < AL_SITES_MAX ? &_al_sampler.sites[id] : &_al_sampler.unattributed;
-    if (s.nsamples < SAMPLES_CAP) {
+    if (s.nsamples < SAMPLES_CAP && index_room()) {
         struct slot *sl = find_slot((uintptr_t)p);
         sl->addr = (uintptr_t)p;
         sl->idx = (uint32_t)s.nsamples;
