@@ -49,17 +49,17 @@ static _Atomic uint16_t *line_find(struct al_shadow_region *r, uint64_t a)
  * the rest). */
 static _Atomic uint16_t *line_of(struct al_shadow_region *r, uint64_t a)
 {
-    _Atomic uint16_t *pl = &r->page_lines[AL_SHADOW_PAGE_INDEX(a)];
-    uint16_t b = atomic_load_explicit(pl, memory_order_acquire);
-    if (!b) {
-        uint32_t k = atomic_load_explicit(&r->line_blocks, memory_order_relaxed);
-        if (k >= AL_SHADOW_PAGES ||
-            (k = atomic_fetch_add_explicit(&r->line_blocks, 1, memory_order_relaxed)) >= AL_SHADOW_PAGES)
-            return NULL;
-        uint16_t mine = (uint16_t)(k + 1);
-        b = atomic_compare_exchange_strong_explicit(pl, &b, mine, memory_order_acq_rel, memory_order_acquire) ? mine : b;
-    }
-    return &r->line[b - 1][(a >> AL_SHADOW_LINE_SHIFT) & (AL_SHADOW_LINES - 1)];
+    _Atomic uint16_t *l = line_find(r, a);
+    if (l)
+        return l;
+    uint32_t k = atomic_load_explicit(&r->line_blocks, memory_order_relaxed);
+    if (k >= AL_SHADOW_PAGES ||
+        (k = atomic_fetch_add_explicit(&r->line_blocks, 1, memory_order_relaxed)) >= AL_SHADOW_PAGES)
+        return NULL;
+    uint16_t none = 0;
+    atomic_compare_exchange_strong_explicit(&r->page_lines[AL_SHADOW_PAGE_INDEX(a)], &none, (uint16_t)(k + 1),
+                                            memory_order_acq_rel, memory_order_acquire);
+    return line_find(r, a);
 }
 
 /* The lines of [lo, hi), all within R's region. */
@@ -102,20 +102,18 @@ struct spill {
 static void spill_one(uint64_t g, const struct al_shadow_object *live, void *arg)
 {
     struct spill *s = arg;
-    if (live && live->requested >= AL_SHADOW_BIG) {
-        uint64_t lo = g > s->page ? g : s->page, end = s->page + AL_SHADOW_PAGE_SIZE;
-        uint64_t hi = g + live->requested < end ? g + live->requested : end;
-        s->big += hi > lo ? hi - lo : 0;
+    /* The live object's part of the page: [lo, hi). */
+    uint64_t lo = g > s->page ? g : s->page, hi = lo, end = s->page + AL_SHADOW_PAGE_SIZE;
+    if (live) {
+        hi = g + (live->requested ? live->requested : 1);
+        hi = hi < end ? hi : end;
+        if (live->requested >= AL_SHADOW_BIG && hi > lo)
+            s->big += hi - lo;
     }
     if (g == s->skip)
         return;
     if (g >= s->page)
         own_line(line_of(s->r, g), s->owner);
-    if (!live)
-        return;
-    uint64_t lo = g > s->page ? g : s->page, hi = g + (live->requested ? live->requested : 1);
-    if (hi > s->page + AL_SHADOW_PAGE_SIZE)
-        hi = s->page + AL_SHADOW_PAGE_SIZE;
     if (hi > lo)
         own_lines(s->r, lo, hi, s->owner);
 }
