@@ -84,6 +84,12 @@ AL_NOINLINE void _al_heap_discover(uint64_t a)
     _al_spin_unlock(&discover_lock);
 }
 
+/* A thread reading the maps when the program forked is not in the child: its lock is free. */
+void _al_heap_after_fork_child(void)
+{
+    atomic_store(&discover_lock, 0);
+}
+
 uint64_t _al_heap_discovered(void)
 {
     return atomic_load_explicit(&discovered, memory_order_relaxed);

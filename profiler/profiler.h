@@ -442,6 +442,7 @@ void _al_heap_init(void);
 /* From the SIGSYS handler: a system call the allocator made (NR, its arguments, its result). */
 void _al_heap_syscall(long nr, const long *args, long ret);
 void _al_heap_discover(uint64_t a);
+void _al_heap_after_fork_child(void);
 uint64_t _al_heap_discovered(void);
 uint64_t _al_heap_resident(void);
 

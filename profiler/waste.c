@@ -331,6 +331,7 @@ void _al_waste_final(void)
 void _al_waste_after_fork_child(void)
 {
     atomic_store(&snap.lock, 0);
+    _al_heap_after_fork_child();
     snap.next_rss = 0;
     snap.taken = 0;
     _al_waste.peak.taken = false;
