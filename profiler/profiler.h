@@ -493,6 +493,7 @@ struct al_waste_undo {
 
 void _al_waste_init(const struct al_alloc_config *c);
 void _al_waste_thread_init(struct al_thread *t);
+bool _al_waste_thread_rows(struct al_thread *t);
 void _al_waste_thread_retire(struct al_thread *t);
 unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
                               unsigned large, bool maybe_odd);
@@ -676,7 +677,9 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
     if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))
         _al_sample_free(p);
     struct al_shadow_object o;
-    if (AL_UNLIKELY(!t->cls) || !_al_shadow_object_end(r, a, (uint8_t)flags, &o)) /* not live: no record */
+    if (AL_UNLIKELY(!t->cls) && !_al_waste_thread_rows(t))
+        return 0;
+    if (!_al_shadow_object_end(r, a, (uint8_t)flags, &o)) /* not live: no record */
         return 0;
     if (AL_UNLIKELY((o.requested >= _al_hot.large_threshold) | o.odd | !_al_waste.has_table))
         return _al_waste_count_free(t, p, &o, undo);

@@ -104,8 +104,16 @@ void _al_waste_thread_init(struct al_thread *t)
 {
     t->tag = atomic_fetch_add_explicit(&next_tag, 1, memory_order_relaxed) % 255 + 1;
     t->snap_countdown = AL_SNAP_CHECK_BYTES;
-    if (_al_waste.enabled && !t->cls)
+    _al_waste_thread_rows(t);
+}
+
+/* The thread's class rows, made late where it started before memory waste was set up (the
+ * main thread) or its first try found no memory: whether it has them now. */
+AL_NOINLINE bool _al_waste_thread_rows(struct al_thread *t)
+{
+    if (!t->cls && _al_waste.enabled)
         t->cls = map_array(_al_waste.nslots * sizeof *t->cls);
+    return t->cls != NULL;
 }
 
 /* Called with the thread registry locked: what an exiting thread counted stays counted (its
@@ -172,12 +180,9 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
 {
     if (!_al_shadow_heap_has(a))
         _al_heap_discover(a);
-    if (!t->cls) {
-        if (_al_waste.enabled)
-            t->cls = map_array(_al_waste.nslots * sizeof *t->cls);
-        if (!t->cls) /* before start-up is done: no record */
-            return _al_shadow_flags((void *)(uintptr_t)a) & AL_SHADOW_SEEN ? AL_REUSE_REUSED : AL_REUSE_NEW;
-    }
+    if (!t->cls && !_al_waste_thread_rows(t)) /* before start-up is done: no record */
+        return __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED) & AL_SHADOW_SEEN
+                   ? AL_REUSE_REUSED : AL_REUSE_NEW;
     uint32_t pages = 0, slot;
     bool odd, reused;
     int64_t extra, bytes;
