@@ -100,8 +100,10 @@ AL_NOINLINE uint64_t *_al_thread_hist_row(struct al_thread *t, unsigned row)
 {
     static uint64_t overflow[AL_HIST_BUCKETS]; /* out of memory: counted, not attributed */
     uint64_t *h = _al_mem_alloc(ROW_HIST_BYTES);
-    if (!h)
+    if (!h) { /* the row's timed calls are its histogram's total, where it has one */
+        AL_BUMP(t->rows[row].timed, 1);
         return overflow;
+    }
     __atomic_store_n(&t->hist[row], h, __ATOMIC_RELEASE);
     return h;
 }
