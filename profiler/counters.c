@@ -593,10 +593,8 @@ void _al_counters_before(struct al_thread_counters *c)
         open_group(c);
     if (c->state != 1)
         return;
-    unsigned n = _al_counters.nevents;
-    for (unsigned i = 0; i < n; i++)
-        if (_al_counters.events[i].kind == AL_EV_HARDWARE)
-            c->start[i] = read_one(c, i);
+    /* The ring's window first and the hardware counters last (the reverse after the call), so
+     * that the counters see as little of our own work as they can. */
     if (c->ring) {
         /* What the ring holds is from before this call: freed unread. */
         struct perf_event_mmap_page *pc = c->ring;
@@ -604,6 +602,10 @@ void _al_counters_before(struct al_thread_counters *c)
         __atomic_store_n(&pc->data_tail, head, __ATOMIC_RELEASE);
         c->ring_start = head;
     }
+    unsigned n = _al_counters.nevents;
+    for (unsigned i = 0; i < n; i++)
+        if (_al_counters.events[i].kind == AL_EV_HARDWARE)
+            c->start[i] = read_one(c, i);
 }
 
 void _al_ring_window_add(const struct perf_event_header *rec, void *arg)
@@ -661,6 +663,10 @@ enum al_counted _al_counters_after(struct al_thread_counters *c, uint64_t cycles
     c->countdown = every ? every : 1;
     if (c->state != 1)
         return AL_CTR_NONE;
+    uint64_t hw[AL_MAX_EVENTS];
+    for (unsigned i = 0; i < _al_counters.nevents; i++)
+        if (_al_counters.events[i].kind == AL_EV_HARDWARE)
+            hw[i] = read_one(c, i);
     struct al_ring_window w = { .c = c };
     if (c->ring) {
         struct perf_event_mmap_page *pc = c->ring;
@@ -684,12 +690,10 @@ enum al_counted _al_counters_after(struct al_thread_counters *c, uint64_t cycles
     cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
     for (unsigned i = _al_counters.nevents; i-- > 0;) {
         switch (_al_counters.events[i].kind) {
-        case AL_EV_HARDWARE: {
-            uint64_t v = read_one(c, i);
-            if (v != READ_FAILED && c->start[i] != READ_FAILED && v >= c->start[i])
-                AL_BUMP(sums[i], v - c->start[i]);
+        case AL_EV_HARDWARE:
+            if (hw[i] != READ_FAILED && c->start[i] != READ_FAILED && hw[i] >= c->start[i])
+                AL_BUMP(sums[i], hw[i] - c->start[i]);
             break;
-        }
         case AL_EV_RING:
             AL_BUMP(sums[i], w.count[i]);
             break;
