@@ -110,8 +110,8 @@ static int set_value(const struct al_option *o, const char *value)
         }
     }
     char abs[PATH_MAX];
-    /* '-' (stderr) and 'off' are the text report's words, not paths. */
-    if (o->written_at_exit && strcmp(value, "-") && strcmp(value, "off")) {
+    /* '' (not written), '-' (stderr) and 'off' are not paths. */
+    if (o->written_at_exit && value[0] && strcmp(value, "-") && strcmp(value, "off")) {
         if (absolute_output(value, abs, sizeof abs) < 0)
             return -1;
         value = abs;

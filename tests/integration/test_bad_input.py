@@ -180,6 +180,16 @@ def test_bad_variables(tap):
     same_as_plain(tap, desc, plain, prof)
     tap.ok(prof is not None and prof.stderr == "", f"{desc}: nothing on stderr", show(prof))
 
+    # An empty path is the default's "not written", not the current directory.
+    tmp = tmpdir()
+    desc = "alloclens run --pprof '' -o ''"
+    prof = run([altest.cli(), "run", "--text", "off", "--pprof", "", "-o", "", "--", LEAF, "0", "100"],
+               env=clean_env(), cwd=tmp)
+    plain = run([LEAF, "0", "100"])
+    same_as_plain(tap, desc, plain, prof)
+    tap.ok(prof is not None and prof.stderr == "" and os.listdir(tmp) == [],
+           f"{desc}: nothing on stderr, nothing written", show(prof))
+
 
 def test_unwritable_paths(tap):
     """(b) report paths that cannot be written."""
