@@ -235,6 +235,11 @@ class Bench:
             timer.start()
             try:
                 _, status, usage = os.wait4(pid, 0)
+            except ChildProcessError:
+                # Reaped already (a /bin/sh that waits for what it started in the background):
+                # no status, no peak RSS to read.
+                timer.cancel()
+                raise RunError(f"{what}: its process was reaped by another (no status)")
             except BaseException:
                 timer.cancel()
                 expire()
