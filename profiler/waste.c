@@ -178,11 +178,12 @@ static uint32_t classify(void *p, uint64_t a, uint64_t req, unsigned large, bool
 AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_region *r, uint64_t a, uint64_t req,
                                           unsigned large, bool maybe_odd)
 {
-    if (!_al_shadow_heap_has(a))
-        _al_heap_discover(a);
-    if (!t->cls && !_al_waste_thread_rows(t)) /* before start-up is done: no record */
+    if (!t->cls && !_al_waste_thread_rows(t)) { /* before start-up is done: no record */
+        if (!_al_shadow_heap_has(a))
+            _al_heap_discover(a);
         return __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED) & AL_SHADOW_SEEN
                    ? AL_REUSE_REUSED : AL_REUSE_NEW;
+    }
     uint32_t pages = 0, slot;
     bool odd, reused;
     int64_t extra, bytes;
@@ -195,6 +196,9 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
         slot = classify(p, a, req, large, maybe_odd, pages, &odd, &extra, &bytes);
         reused = _al_shadow_object_new(r, a, req, odd, t->tag, &pages);
     }
+    /* As on the inline path: an address returned before lies on a page already looked at. */
+    if (!reused && !_al_shadow_heap_has(a))
+        _al_heap_discover(a);
     count_object(t, slot, 1, req, extra);
     _al_waste_take_blowup(t->cls[slot], slot, bytes);
     _al_waste_countdown(t, req);
