@@ -687,7 +687,7 @@ enum al_counted _al_counters_after(struct al_thread_counters *c, uint64_t cycles
                 w.off_cpu_ns = 0;
         }
     }
-    cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
+    cycles = _al_tsc_net(cycles);
     for (unsigned i = _al_counters.nevents; i-- > 0;) {
         switch (_al_counters.events[i].kind) {
         case AL_EV_HARDWARE:

@@ -93,6 +93,21 @@ uint64_t _al_hist_bucket_high(unsigned b);
  * bucket holding the ceil(q*n)-th smallest sample; 0 for an empty histogram. */
 uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q);
 
+/* SplitMix64's finaliser: 64 well-mixed bits from any 64 (the sampler's generator, pprof's
+ * hash tables). */
+AL_INLINE uint64_t _al_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Fibonacci hashing: the top BITS bits of X times 2^64 / phi, for tables indexed by address. */
+AL_INLINE uint64_t _al_fib_hash(uint64_t x, unsigned bits)
+{
+    return (x * 0x9e3779b97f4a7c15ull) >> (64 - bits);
+}
+
 /* Pages that hold a live sampled object, hashed into this many buckets: a bit each in
  * _al_hot.sample_pages, which a free or realloc in --mode time and --mode sample looks at
  * before it looks for the object's mark in the shadow table. */
@@ -100,7 +115,7 @@ uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q);
 
 AL_INLINE unsigned _al_sample_page(const void *p)
 {
-    return (unsigned)((((uint64_t)(uintptr_t)p >> 12) * 0x9e3779b97f4a7c15ull) >> 52);
+    return (unsigned)_al_fib_hash((uint64_t)(uintptr_t)p >> 12, 12);
 }
 
 /* The globals every allocation call reads, on one page of their own (record.c). Beyond its
@@ -119,8 +134,10 @@ struct al_hot {
     _Atomic int live_threads;
     uint64_t large_threshold;
     /* A bit per hashed page that holds a live sampled object (sampler.c keeps the counts): a
-     * free or realloc outside --mode full looks here before it looks in the shadow table. */
-    _Atomic uint64_t sample_pages[AL_SAMPLE_PAGES / 64];
+     * free or realloc outside --mode full looks here before it looks in the shadow table.
+     * Lines of their own: a sample's update of a word leaves the fields above, read by every
+     * call on every CPU, in their caches. */
+    _Alignas(64) _Atomic uint64_t sample_pages[AL_SAMPLE_PAGES / 64];
 };
 
 extern struct al_hot _al_hot;
@@ -171,15 +188,6 @@ AL_INLINE void _al_mem_touch(void *p)
 
 /* The profiler's own locks: spin locks, only ever on rare paths (a sample, a snapshot, a
  * thread starting or ending, the report), never a lock of the allocator being measured. */
-/* SplitMix64's finaliser: 64 well-mixed bits from any 64 (the sampler's generator, pprof's
- * hash tables). */
-AL_INLINE uint64_t _al_mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 AL_INLINE bool _al_spin_trylock(_Atomic int *l)
 {
     return !atomic_exchange_explicit(l, 1, memory_order_acquire);
@@ -395,7 +403,8 @@ struct al_thread {
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
 };
 
-_Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row) <= 4096,
+_Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row) <= 4096 &&
+                   offsetof(struct al_thread, ctr.countdown) + sizeof(unsigned) <= 4096,
                "a call's fields of struct al_thread fit on its first page");
 
 extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
@@ -560,6 +569,12 @@ struct al_first_call {
 };
 
 extern uint64_t _al_tsc_overhead;
+
+/* A call's cycles less the cost of measuring them. */
+AL_INLINE uint64_t _al_tsc_net(uint64_t cycles)
+{
+    return cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
+}
 extern struct al_first_call _al_first;
 
 bool _al_record_first(unsigned row, uint64_t cycles);
@@ -572,7 +587,7 @@ AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles
     if (AL_UNLIKELY(!atomic_load_explicit(&_al_first.taken, memory_order_relaxed)) &&
         _al_record_first(row, cycles))
         return;
-    cycles = cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
+    cycles = _al_tsc_net(cycles);
     AL_BUMP(r->cycles, cycles);
     uint64_t *h = t->hist[row];
     if (AL_UNLIKELY(h == NULL))
@@ -597,17 +612,15 @@ AL_INLINE bool _al_call_begin(struct al_thread *t, unsigned op, unsigned large)
     return counted;
 }
 
+/* The counted call's events, added to its op's sums (record.c). */
+void _al_call_counted(struct al_thread *t, unsigned op, uint64_t cycles);
+
 AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted, uint64_t cycles)
 {
     t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
     t->in_call = 0;
-    if (AL_UNLIKELY(counted)) {
-        enum al_counted r = _al_counters_after(&t->ctr, cycles, t->m.ctr_sums[op], &t->m.ctr_off_cpu_ns[op]);
-        if (r == AL_CTR_COUNTED)
-            AL_BUMP(t->m.ctr_ops[op], 1);
-        else if (r == AL_CTR_DROPPED)
-            AL_BUMP(t->m.ctr_dropped, 1);
-    }
+    if (AL_UNLIKELY(counted))
+        _al_call_counted(t, op, cycles);
 }
 
 const char *_al_syscall_name(unsigned kind);

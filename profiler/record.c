@@ -1,6 +1,7 @@
 /* The rare work of recording a call: the first allocation of the process, whose time is the
  * allocator's own start-up and would swamp every statistic of its row, is counted but kept
- * out of the cycle figures (the report shows it on its own line). */
+ * out of the cycle figures (the report shows it on its own line); a counted call's events go
+ * to its op's sums. */
 #include "profiler.h"
 
 struct al_hot _al_hot __attribute__((aligned(4096))) = {
@@ -19,4 +20,13 @@ AL_NOINLINE bool _al_record_first(unsigned row, uint64_t cycles)
     _al_first.row = row;
     _al_first.cycles = cycles;
     return true;
+}
+
+AL_NOINLINE void _al_call_counted(struct al_thread *t, unsigned op, uint64_t cycles)
+{
+    enum al_counted r = _al_counters_after(&t->ctr, cycles, t->m.ctr_sums[op], &t->m.ctr_off_cpu_ns[op]);
+    if (r == AL_CTR_COUNTED)
+        AL_BUMP(t->m.ctr_ops[op], 1);
+    else if (r == AL_CTR_DROPPED)
+        AL_BUMP(t->m.ctr_dropped, 1);
 }

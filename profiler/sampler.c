@@ -244,7 +244,7 @@ static unsigned capture(uintptr_t *frames)
 
 static uint64_t slot_of(uintptr_t a)
 {
-    return ((a >> 3) * 0x9e3779b97f4a7c15ull) >> (64 - s.slot_bits);
+    return _al_fib_hash(a >> 3, s.slot_bits);
 }
 
 static uint64_t slot_mask(void)

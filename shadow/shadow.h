@@ -51,6 +51,7 @@
 #define AL_LINE_OWNER_SHIFT 7
 #define AL_LINE_OWNER_MASK (0xffu << AL_LINE_OWNER_SHIFT)
 #define AL_LINE_SHARED 0x8000u
+#define AL_LINE_OWNER(v) (((v) & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT)
 
 struct al_shadow_region {
     _Atomic uint32_t page_used[AL_SHADOW_PAGES];    /* level 2 */

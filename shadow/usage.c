@@ -26,7 +26,7 @@ static void own_line(_Atomic uint16_t *l, unsigned tag)
         return;
     uint16_t cur = atomic_load_explicit(l, memory_order_relaxed);
     for (;;) {
-        unsigned o = (cur & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT;
+        unsigned o = AL_LINE_OWNER(cur);
         uint16_t want = o == 0 ? (uint16_t)(cur | tag << AL_LINE_OWNER_SHIFT)
                                : o == tag ? cur : (uint16_t)(cur | AL_LINE_SHARED);
         if (want == cur || atomic_compare_exchange_weak_explicit(l, &cur, want, memory_order_relaxed,
@@ -152,7 +152,7 @@ void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, uns
                 break;
             }
             if (v != 0)
-                spill_owner(page, (v & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT, a);
+                spill_owner(page, AL_LINE_OWNER(v), a);
             uint16_t want = v == 0 ? mine : (uint16_t)(v | AL_LINE_SHARED);
             if (atomic_compare_exchange_weak_explicit(po, &v, want, memory_order_relaxed, memory_order_relaxed)) {
                 lines = v != 0;
@@ -191,11 +191,13 @@ void _al_shadow_use_big(uint64_t a, uint64_t n, int sign)
 
 struct span {
     uint64_t lo, hi, total;
+    bool seen; /* an object was ever put in [lo, hi) */
 };
 
 static void add_small(uint64_t g, const struct al_shadow_object *live, void *arg)
 {
     struct span *s = arg;
+    s->seen |= g >= s->lo;
     if (!live || live->requested >= AL_SHADOW_BIG)
         return;
     uint64_t lo = g > s->lo ? g : s->lo, hi = g + live->requested < s->hi ? g + live->requested : s->hi;
@@ -203,11 +205,14 @@ static void add_small(uint64_t g, const struct al_shadow_object *live, void *arg
         s->total += hi - lo;
 }
 
-/* Bytes of live objects under a page that lie in [lo, hi). */
-static uint32_t small_bytes(uint64_t lo, uint64_t hi)
+/* Bytes of live objects under a page that lie in [lo, hi); *SEEN (where not NULL): whether an
+ * allocation ever returned an address there. */
+static uint32_t small_bytes(uint64_t lo, uint64_t hi, bool *seen)
 {
-    struct span s = { lo, hi, 0 };
+    struct span s = { lo, hi, 0, false };
     each_object(lo, hi, add_small, &s);
+    if (seen)
+        *seen = s.seen;
     return (uint32_t)s.total;
 }
 
@@ -216,7 +221,7 @@ uint32_t _al_shadow_page_used(const void *p)
     uint64_t a = (uint64_t)(uintptr_t)p, page = a & ~(uint64_t)(AL_SHADOW_PAGE_SIZE - 1);
     struct al_shadow_region *r = _al_shadow_region(a);
     uint32_t big = r ? atomic_load_explicit(&r->page_used[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed) : 0;
-    return big + small_bytes(page, page + AL_SHADOW_PAGE_SIZE);
+    return big + small_bytes(page, page + AL_SHADOW_PAGE_SIZE, NULL);
 }
 
 uint16_t _al_shadow_line(const void *p)
@@ -227,15 +232,12 @@ uint16_t _al_shadow_line(const void *p)
         return 0;
     _Atomic uint16_t *l = line_find(r, a);
     uint16_t owners = l ? atomic_load_explicit(l, memory_order_relaxed) : 0;
-    uint32_t used = small_bytes(line, line + 64);
+    bool seen;
+    uint32_t used = small_bytes(line, line + 64, &seen);
     /* A page with one owner stands for its lines where an object is or was. */
     uint16_t page = atomic_load_explicit(&r->page_owner[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed);
-    if (!(page & AL_LINE_SHARED) && !(owners & AL_LINE_OWNER_MASK)) {
-        bool seen = used || atomic_load_explicit(&r->page_used[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed);
-        for (uint64_t g = line; g < line + 64 && !seen; g += 8)
-            seen = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(g)], __ATOMIC_RELAXED) & AL_SHADOW_SEEN;
-        if (seen)
-            owners = page;
-    }
+    if (!(page & AL_LINE_SHARED) && !(owners & AL_LINE_OWNER_MASK) &&
+        (seen || used || atomic_load_explicit(&r->page_used[AL_SHADOW_PAGE_INDEX(a)], memory_order_relaxed)))
+        owners = page;
     return (uint16_t)((owners & ~AL_LINE_USED_MASK) | (used > 64 ? 64 : used));
 }

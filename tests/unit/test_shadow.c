@@ -143,7 +143,7 @@ END_TEST
 
 static uint16_t owner(uint16_t line)
 {
-    return (line & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT;
+    return AL_LINE_OWNER(line);
 }
 
 static void mark_by(uint64_t a, uint64_t req, unsigned tag)
@@ -305,7 +305,7 @@ START_TEST(pages_and_lines)
     ck_assert_uint_eq(l0 & AL_LINE_USED_MASK, 40 + 16);
     ck_assert(l0 & AL_LINE_SHARED);
     ck_assert_uint_eq(l1 & AL_LINE_USED_MASK, 64);
-    ck_assert_uint_eq((l1 & AL_LINE_OWNER_MASK) >> AL_LINE_OWNER_SHIFT, 2);
+    ck_assert_uint_eq(AL_LINE_OWNER(l1), 2);
     ck_assert(!(l1 & AL_LINE_SHARED));
     ck_assert_uint_eq(l2 & AL_LINE_USED_MASK, 148 - 128);
     ck_assert(retire(page + 48, &o));
