@@ -3,8 +3,8 @@
  * Init (start-up, once): names are resolved with libpfm4, which knows the CPU's own PMU events
  * and the generic perf names (cycles, cache-misses, page-faults, ...), then probed with
  * perf_event_open on the calling thread, the whole set as a thread will open it. libpfm4
- * allocates while it initializes and parses; that happens here only, under the lead's start-up
- * guard.
+ * is loaded for this and unloaded after; it allocates while it initializes and parses, which
+ * happens here only, under the lead's start-up guard.
  *
  * Per thread (after init): the events are opened on the thread's first counted call. Hardware
  * counters are read with rdpmc where the kernel allows user-space reads of that counter, read(2)
@@ -18,8 +18,8 @@
  * less the time between those records. Between counted calls the ring may fill; the kernel
  * then drops records (cheaply), and the next counted call frees it first. Nothing after init
  * allocates. */
+#include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -44,12 +44,55 @@ static const char default_sw[] = "page-faults,context-switches,task-clock";
 
 /* ---- libpfm4 --------------------------------------------------------------------------- */
 
-static pthread_once_t pfm_once = PTHREAD_ONCE_INIT;
-static int pfm_init_ret = PFM_ERR_NOINIT;
+/* libpfm4 is opened for the names and closed once they are resolved: loading it relocates its
+ * event tables, about 2 MiB that would stay resident in the profiled process all run long. */
+#define PFM_SONAME "libpfm.so.4"
 
-static void pfm_init_once(void)
+static struct {
+    void *handle;
+    int init_ret;
+    char why[160]; /* why it could not be loaded */
+    __typeof__(pfm_initialize) *initialize;
+    __typeof__(pfm_terminate) *terminate;
+    __typeof__(pfm_get_os_event_encoding) *encode;
+    __typeof__(pfm_strerror) *strerror;
+} pfm = { .init_ret = PFM_ERR_NOINIT };
+
+static bool pfm_open(void)
 {
-    pfm_init_ret = pfm_initialize();
+    if (pfm.handle)
+        return pfm.init_ret == PFM_SUCCESS;
+    pfm.handle = dlopen(PFM_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!pfm.handle) {
+        const char *e = dlerror();
+        snprintf(pfm.why, sizeof pfm.why, "libpfm4 cannot be loaded: %s", e ? e : PFM_SONAME);
+        return false;
+    }
+    pfm.initialize = (__typeof__(pfm.initialize))dlsym(pfm.handle, "pfm_initialize");
+    pfm.terminate = (__typeof__(pfm.terminate))dlsym(pfm.handle, "pfm_terminate");
+    pfm.encode = (__typeof__(pfm.encode))dlsym(pfm.handle, "pfm_get_os_event_encoding");
+    pfm.strerror = (__typeof__(pfm.strerror))dlsym(pfm.handle, "pfm_strerror");
+    if (!pfm.initialize || !pfm.terminate || !pfm.encode || !pfm.strerror) {
+        snprintf(pfm.why, sizeof pfm.why, "%s lacks the libpfm4 functions needed", PFM_SONAME);
+        dlclose(pfm.handle);
+        pfm.handle = NULL;
+        return false;
+    }
+    pfm.init_ret = pfm.initialize();
+    if (pfm.init_ret != PFM_SUCCESS)
+        snprintf(pfm.why, sizeof pfm.why, "libpfm4 failed to initialize: %s", pfm.strerror(pfm.init_ret));
+    return pfm.init_ret == PFM_SUCCESS;
+}
+
+static void pfm_close(void)
+{
+    if (!pfm.handle)
+        return;
+    if (pfm.init_ret == PFM_SUCCESS)
+        pfm.terminate();
+    dlclose(pfm.handle);
+    pfm.handle = NULL;
+    pfm.init_ret = PFM_ERR_NOINIT;
 }
 
 static long perf_open(struct perf_event_attr *attr, int group_fd)
@@ -76,10 +119,9 @@ int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err,
 {
     if (err && errcap)
         err[0] = '\0';
-    pthread_once(&pfm_once, pfm_init_once);
-    if (pfm_init_ret != PFM_SUCCESS) {
+    if (!pfm_open()) {
         if (err && errcap)
-            snprintf(err, errcap, "libpfm4 failed to initialize: %s", pfm_strerror(pfm_init_ret));
+            snprintf(err, errcap, "%s", pfm.why);
         return -ENODEV;
     }
     if (!name)
@@ -92,12 +134,12 @@ int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err,
     arg.size = sizeof arg;
     int ret = PFM_ERR_NOTFOUND;
     if (name[0])
-        ret = pfm_get_os_event_encoding(name, PFM_PLM3, PFM_OS_PERF_EVENT_EXT, &arg);
+        ret = pfm.encode(name, PFM_PLM3, PFM_OS_PERF_EVENT_EXT, &arg);
     if (ret != PFM_SUCCESS) {
         int e = ret == PFM_ERR_NOTFOUND ? -ENOENT : -EINVAL;
         if (err && errcap)
             snprintf(err, errcap, "%s event '%s' (libpfm4: %s)",
-                     e == -ENOENT ? "unknown" : "invalid", name, pfm_strerror(ret));
+                     e == -ENOENT ? "unknown" : "invalid", name, pfm.strerror(ret));
         memset(attr, 0, sizeof *attr);
         return e;
     }
@@ -315,7 +357,7 @@ static int choose_default(bool *user_only)
     return e;
 }
 
-void _al_counters_init(const char *events, unsigned sample_every)
+static void counters_init(const char *events, unsigned sample_every)
 {
     memset(&_al_counters, 0, sizeof _al_counters);
     init_pair = _al_tsc_pair_now();
@@ -371,6 +413,12 @@ void _al_counters_init(const char *events, unsigned sample_every)
         _al_counters.software = all_sw;
     }
     _al_counters.available = true;
+}
+
+void _al_counters_init(const char *events, unsigned sample_every)
+{
+    counters_init(events, sample_every);
+    pfm_close();
 }
 
 /* ---- per-thread groups ------------------------------------------------------------------ */

@@ -1,11 +1,15 @@
 """liballoclens.so exports the interposed entry points and nothing else.
 
 The expected list is read from interpose/entries.def (the one table the wrappers are made
-from) plus the few hand-written entry points; any other dynamic symbol is a leak.
+from) plus the few hand-written entry points; any other dynamic symbol is a leak. Nor does it
+keep in the program a library it only needs for a moment.
 """
+import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 
 from altest import Tap
 
@@ -35,4 +39,21 @@ tap.ok(not (exported - expected), "nothing else leaks out of the .so", sorted(ex
 versions = subprocess.run(["objdump", "-T", so], check=True, capture_output=True, text=True).stdout
 tap.ok(not re.search(r"\bALLOCLENS", versions),
        "exports carry no version node of ours (they must match any version a program asks for)")
+
+# libpfm4 names the events at start-up; once they are resolved it is unloaded (loaded, it is
+# about 2 MiB resident for the whole run).
+needed = subprocess.run(["readelf", "-d", so], check=True, capture_output=True, text=True).stdout
+tap.ok("libpfm" not in needed, "libpfm4 is not a load-time dependency of the .so")
+with tempfile.TemporaryDirectory() as d:
+    report = os.path.join(d, "r.json")
+    env = dict(os.environ, LD_PRELOAD=so, ALLOCLENS_OUTPUT=report, ALLOCLENS_TEXT="off",
+               ALLOCLENS_EVENTS="default")
+    maps = subprocess.run(["cat", "/proc/self/maps"], env=env, capture_output=True, text=True)
+    with open(report) as f:
+        counters = json.load(f)["counters"]
+    tap.ok(counters["available"] and counters["events"],
+           "events were resolved at start-up (so libpfm4 was loaded)", counters.get("reason"))
+    tap.ok(maps.returncode == 0 and "libpfm" not in maps.stdout,
+           "libpfm4 is no longer mapped once the program runs",
+           [l for l in maps.stdout.splitlines() if "libpfm" in l])
 tap.done()
