@@ -13,8 +13,8 @@
  *
  * A snapshot is taken when the total passes its previous peak by 1 MiB, looked at each time a
  * thread's allocations outgrow its frees by AL_SNAP_CHECK_BYTES; the last one is the peak of
- * the report (the state at exit replaces it only if it passed it by more than the rule can
- * miss).
+ * the report (the state at exit replaces it only if it passed the largest footprint there may
+ * have been at a look by more than the rule can miss).
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -31,6 +31,11 @@ static struct {
     _Atomic int lock;
     uint64_t next_rss;         /* the resident size that triggers the next snapshot */
     uint64_t taken;
+    /* The largest footprint there may have been at a look: measured, or between two
+     * measurements the last one plus what the process has grown since (the heap cannot grow
+     * by more). */
+    _Atomic uint64_t highest;
+    _Atomic uint64_t measured, measured_rss; /* the last measurement, and the resident size then */
     int64_t (*sums)[AL_CLS_N];
 } snap;
 
@@ -289,11 +294,19 @@ static void take(struct al_waste_snapshot *s)
 static void check_footprint(void)
 {
     uint64_t rss = rss_now();
+    uint64_t at = atomic_load_explicit(&snap.measured_rss, memory_order_relaxed);
+    uint64_t bound = atomic_load_explicit(&snap.measured, memory_order_relaxed) + (rss > at ? rss - at : 0);
+    if (bound > atomic_load_explicit(&snap.highest, memory_order_relaxed))
+        atomic_store_explicit(&snap.highest, bound, memory_order_relaxed); /* a racing look may lower it a little */
     if (rss < __atomic_load_n(&snap.next_rss, __ATOMIC_RELAXED))
         return;
     if (!_al_spin_trylock(&snap.lock))
         return; /* another thread is taking one */
     uint64_t total = _al_heap_resident();
+    atomic_store_explicit(&snap.measured, total, memory_order_relaxed);
+    atomic_store_explicit(&snap.measured_rss, rss, memory_order_relaxed);
+    if (total > atomic_load_explicit(&snap.highest, memory_order_relaxed))
+        atomic_store_explicit(&snap.highest, total, memory_order_relaxed);
     /* The heap cannot pass the mark before the process grows by what it lacks. */
     uint64_t lack = _al_waste.peak.taken && total < _al_waste.peak.total + AL_SNAP_STEP
                         ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
@@ -323,10 +336,16 @@ void _al_waste_final(void)
     struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
     take(&s);
     _al_waste.final = s;
-    /* The state at exit is the peak only if it passed the last snapshot by more than the rule
-     * can miss (a step, plus what a thread allocates between two looks): otherwise the peak
-     * is the snapshot taken when that footprint was reached. */
-    if (!_al_waste.peak.taken || s.total > _al_waste.peak.total + AL_SNAP_STEP + AL_SNAP_CHECK_BYTES) {
+    /* The state at exit is the peak only if it passed the largest footprint there may have been
+     * at a look during the run by more than the rule can miss (a step, plus what a thread
+     * allocates between two looks): otherwise the peak is the snapshot taken when that
+     * footprint was reached. Against the last snapshot alone, an allocator whose metadata grew
+     * a little while the program freed half of its objects made the state at exit, half freed,
+     * the peak. */
+    uint64_t highest = atomic_load(&snap.highest);
+    if (highest < _al_waste.peak.total)
+        highest = _al_waste.peak.total;
+    if (!_al_waste.peak.taken || s.total > highest + AL_SNAP_STEP + AL_SNAP_CHECK_BYTES) {
         int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
         memcpy(keep, s.cls, _al_waste.nslots * sizeof *keep);
         _al_waste.peak = s;
@@ -343,6 +362,9 @@ void _al_waste_after_fork_child(void)
     _al_heap_after_fork_child();
     snap.next_rss = 0;
     snap.taken = 0;
+    atomic_store(&snap.highest, 0);
+    atomic_store(&snap.measured, 0);
+    atomic_store(&snap.measured_rss, 0);
     _al_waste.peak.taken = false;
     _al_waste.peak.total = 0;
 }
