@@ -7,7 +7,6 @@
  * functions and locations are deduplicated through open-addressing tables in mmap'd memory, and
  * zlib allocates from an mmap'd bump region given back at the end. Stack use stays small (the
  * report may be written on a PTHREAD_STACK_MIN stack). */
-#include <elfutils/libdwelf.h>
 #include <gelf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -542,8 +541,46 @@ int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *er
 
 /* ---- GNU build ids ------------------------------------------------------------------------ */
 
-/* The NT_GNU_BUILD_ID note of an ELF file, found by elfutils (in its PT_NOTE segments, or its
- * SHT_NOTE sections for files without program headers), as hex. */
+/* The NT_GNU_BUILD_ID note in DATA (notes of ELF type TYPE): its length, *ID pointing at it; 0
+ * when there is none. */
+static size_t note_build_id(Elf_Data *data, const unsigned char **id)
+{
+    GElf_Nhdr nh;
+    size_t off = 0, name_off, desc_off;
+    while (data && (off = gelf_getnote(data, off, &nh, &name_off, &desc_off)) > 0) {
+        if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+            memcmp((const char *)data->d_buf + name_off, "GNU", 4) == 0 && nh.n_descsz > 0) {
+            *id = (const unsigned char *)data->d_buf + desc_off;
+            return nh.n_descsz;
+        }
+    }
+    return 0;
+}
+
+/* The build id of ELF, from its PT_NOTE segments, or its SHT_NOTE sections for files without
+ * program headers (as elfutils' own tools look for it). */
+static size_t gnu_build_id(Elf *elf, const unsigned char **id)
+{
+    size_t nph = 0, n = 0;
+    if (elf_getphdrnum(elf, &nph) == 0) {
+        for (size_t i = 0; i < nph && !n; i++) {
+            GElf_Phdr ph;
+            if (gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_NOTE)
+                n = note_build_id(elf_getdata_rawchunk(elf, (int64_t)ph.p_offset, ph.p_filesz,
+                                                       ph.p_align == 8 ? ELF_T_NHDR8 : ELF_T_NHDR), id);
+        }
+        if (nph)
+            return n;
+    }
+    for (Elf_Scn *scn = NULL; !n && (scn = elf_nextscn(elf, scn));) {
+        GElf_Shdr sh;
+        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_NOTE)
+            n = note_build_id(elf_getdata(scn, NULL), id);
+    }
+    return n;
+}
+
+/* The NT_GNU_BUILD_ID note of an ELF file, as hex. */
 int _al_build_id(const char *file, char *hex, size_t cap)
 {
     static const char digits[] = "0123456789abcdef";
@@ -563,13 +600,13 @@ int _al_build_id(const char *file, char *hex, size_t cap)
     Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
     const unsigned char *id;
     if (elf && elf_kind(elf) == ELF_K_ELF) {
-        ssize_t n = dwelf_elf_gnu_build_id(elf, (const void **)&id);
-        if (n <= 0) {
+        size_t n = gnu_build_id(elf, &id);
+        if (n == 0) {
             r = -ENOENT;
-        } else if (cap < (size_t)n * 2 + 1) {
+        } else if (cap < n * 2 + 1) {
             r = -ERANGE;
         } else {
-            for (ssize_t i = 0; i < n; i++) {
+            for (size_t i = 0; i < n; i++) {
                 hex[2 * i] = digits[id[i] >> 4];
                 hex[2 * i + 1] = digits[id[i] & 15];
             }

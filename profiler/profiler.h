@@ -429,6 +429,27 @@ struct al_thread_totals {
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
                          struct al_measure_totals *extra);
 
+/* ---- symbols.c: names for the sampled frames, after the run -------------------------------- */
+
+struct al_symbol {
+    const char *function; /* NULL when unknown */
+    bool mangled;         /* function is as the symbol table has it */
+    const char *file;     /* NULL without debug information */
+    int line;
+    const char *module;
+    uint64_t module_offset;
+};
+
+/* Before a report names frames: with FULL, every frame of every site is named at once from
+ * debug information by alloclens-symbolize; otherwise, and where that fails, frames get the
+ * dynamic symbol table's names. */
+void _al_symbols_begin(bool full);
+void _al_symbolize(uintptr_t pc, struct al_symbol *s);
+/* Why full names were asked for and are missing; NULL when they are not. */
+const char *_al_symbols_unavailable(void);
+/* S's function name, demangled into BUF (CAP bytes) where it is mangled. */
+const char *_al_symbol_function(const struct al_symbol *s, char *buf, size_t cap);
+
 /* ---- proc.c: the /proc files, read without stdio or allocation ------------------------------ */
 
 struct al_map {

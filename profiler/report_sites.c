@@ -1,96 +1,21 @@
 /* The sites section of the report: the sampled call sites ranked by live bytes at the peak,
- * by internal fragmentation and by bytes allocated, symbolized after the run (never on the
- * hot path) with elfutils' libdw; and the same sites as a pprof heap profile.
- *
- * Symbolization runs at exit, after every number of the report is taken; libdw allocates,
- * and those calls are forwarded to the allocator uncounted like all of the profiler's own.
- */
-#include <elfutils/libdwfl.h>
-#include <dlfcn.h>
+ * by internal fragmentation and by bytes allocated, their frames named after the run (never
+ * on the hot path, see symbols.c); and the same sites as a pprof heap profile. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "pprof.h"
 #include "profiler.h"
 
 #define TOP 20
 
-static Dwfl *dwfl;
-
-static Dwfl *symbolizer(void)
-{
-    static const Dwfl_Callbacks callbacks = {
-        .find_elf = dwfl_linux_proc_find_elf,
-        .find_debuginfo = dwfl_standard_find_debuginfo,
-    };
-    if (dwfl)
-        return dwfl;
-    dwfl = dwfl_begin(&callbacks);
-    if (!dwfl)
-        return NULL;
-    dwfl_report_begin(dwfl);
-    if (dwfl_linux_proc_report(dwfl, getpid()) != 0 || dwfl_report_end(dwfl, NULL, NULL) != 0) {
-        dwfl_end(dwfl);
-        dwfl = NULL;
-    }
-    return dwfl;
-}
-
-struct symbol {
-    const char *function; /* NULL when unknown */
-    const char *file;
-    int line;
-    const char *module;
-    uint64_t module_offset;
-};
-
-static char *(*demangle)(const char *, char *, size_t *, int *);
-
-/* Full symbolization (debug info, file:line) costs tens of milliseconds a process: the main
- * process gets it; the others of a run (a shell's children, say) get the dynamic symbol
- * table's names through dladdr, which costs nothing. */
-static bool full_symbols;
-
-/* A return address points after the call: look up the call itself. */
-static void symbolize(uintptr_t pc, struct symbol *s)
-{
-    memset(s, 0, sizeof *s);
-    if (!full_symbols) {
-        Dl_info info;
-        if (dladdr((void *)(pc - 1), &info) && info.dli_fname) {
-            s->module = info.dli_fname;
-            s->module_offset = pc - (uintptr_t)info.dli_fbase;
-            s->function = info.dli_sname;
-        }
-        return;
-    }
-    Dwfl *d = symbolizer();
-    Dwfl_Module *m = d ? dwfl_addrmodule(d, pc - 1) : NULL;
-    if (!m)
-        return;
-    Dwarf_Addr base = 0;
-    s->module = dwfl_module_info(m, NULL, &base, NULL, NULL, NULL, NULL, NULL);
-    s->module_offset = pc - base;
-    s->function = dwfl_module_addrname(m, pc - 1);
-    Dwfl_Line *l = dwfl_module_getsrc(m, pc - 1);
-    if (l)
-        s->file = dwfl_lineinfo(l, NULL, &s->line, NULL, NULL, NULL);
-}
-
 static void frame_text(char *out, size_t cap, uintptr_t pc)
 {
-    struct symbol s;
-    symbolize(pc, &s);
-    const char *fn = s.function;
-    char *plain = NULL;
-    if (fn && demangle) {
-        int status = -1;
-        plain = demangle(fn, NULL, NULL, &status);
-        if (status == 0 && plain)
-            fn = plain;
-    }
+    struct al_symbol s;
+    _al_symbolize(pc, &s);
+    char plain[512];
+    const char *fn = _al_symbol_function(&s, plain, sizeof plain);
     const char *mod = s.module ? strrchr(s.module, '/') : NULL;
     mod = mod ? mod + 1 : s.module;
     if (fn && s.file)
@@ -101,7 +26,6 @@ static void frame_text(char *out, size_t cap, uintptr_t pc)
         snprintf(out, cap, "0x%lx (%s+0x%lx)", (unsigned long)pc, mod, (unsigned long)s.module_offset);
     else
         snprintf(out, cap, "0x%lx", (unsigned long)pc);
-    free(plain);
 }
 
 /* ---- ranking ------------------------------------------------------------------------------- */
@@ -188,14 +112,6 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
         _al_mem_unmap(r, (n + 1) * sizeof *r);
 }
 
-/* Every writer names frames alike: FULL, debug information through libdw (the main process),
- * else the dynamic symbol table's names; C++ names demangled where the C++ runtime is loaded. */
-static void symbols_begin(bool full)
-{
-    full_symbols = full;
-    demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle");
-}
-
 void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_image)
 {
     if (!_al_sampler.enabled) {
@@ -203,12 +119,23 @@ void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_ima
                         "(ALLOCLENS_SAMPLE_RATE=0)\" }\n");
         return;
     }
-    symbols_begin(main_image);
+    _al_symbols_begin(main_image);
     _al_sampler_lock();
     _al_buf_printf(b, "  \"sites\": { \"available\": true, \"sample_rate_bytes\": %.0f, \"seed\": %llu, \"sites\": %u, "
                    "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n",
                    _al_sampler.rate, (unsigned long long)_al_sampler.seed, _al_sampler.nsites, _al_sampler.peak_bytes,
                    _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped);
+    const char *why = _al_symbols_unavailable();
+    _al_buf_puts(b, "    \"symbols\": ");
+    _al_buf_json_str(b, !main_image ? "dynamic symbols (a process other than the run's main one)"
+                        : why     ? "dynamic symbols"
+                                  : "debug information");
+    _al_buf_puts(b, ", \"symbols_reason\": ");
+    if (why)
+        _al_buf_json_str(b, why);
+    else
+        _al_buf_puts(b, "null");
+    _al_buf_puts(b, ",\n");
     list_json(b, "top", by_peak, cycles_per_ns, false);
     list_json(b, "top_by_internal_fragmentation", by_frag, cycles_per_ns, false);
     list_json(b, "top_by_allocated", by_alloc, cycles_per_ns, true);
@@ -222,12 +149,15 @@ void _al_report_sites_text(struct al_buf *b)
         _al_buf_puts(b, "sites        unavailable: sampling is off (ALLOCLENS_SAMPLE_RATE=0)\n");
         return;
     }
-    symbols_begin(true);
+    _al_symbols_begin(true);
     _al_sampler_lock();
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
     _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated)\n",
                    _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0);
+    const char *why = _al_symbols_unavailable();
+    if (why)
+        _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);
     _al_buf_puts(b, "   live@peak    allocated   int. frag  site\n");
     char text[1024];
     for (uint32_t i = 0; r && i < n && i < 10; i++) {
@@ -271,7 +201,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         _al_log("no pprof profile written to %s: sampling is off", path);
         return;
     }
-    symbols_begin(true);
+    _al_symbols_begin(true);
     uint32_t n = _al_sampler.nsites;
     size_t frames_n = (size_t)n * AL_SITE_FRAMES + 1;
     struct maps *mp = _al_mem_map(sizeof *mp);
@@ -295,8 +225,8 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         samples[i].inuse_space = (int64_t)(st->live_bytes + 0.5);
         for (uint32_t f = 0; f < st->nframes; f++, k++) {
             struct al_pprof_frame *fr = &frames[k];
-            struct symbol s;
-            symbolize(st->frames[f], &s);
+            struct al_symbol s;
+            _al_symbolize(st->frames[f], &s);
             fr->address = st->frames[f] - 1;
             if (s.function) {
                 snprintf(names[2 * k], 256, "%s", s.function);

@@ -44,6 +44,9 @@ tap.ok(not re.search(r"\bALLOCLENS", versions),
 # about 2 MiB resident for the whole run).
 needed = subprocess.run(["readelf", "-d", so], check=True, capture_output=True, text=True).stdout
 tap.ok("libpfm" not in needed, "libpfm4 is not a load-time dependency of the .so")
+# The report's symbolizer is a program of its own (alloclens-symbolize): elfutils' libdw and
+# the debug information it reads stay out of the profiled process.
+tap.ok("libdw" not in needed, "libdw is not a dependency of the .so")
 with tempfile.TemporaryDirectory() as d:
     report = os.path.join(d, "r.json")
     env = dict(os.environ, LD_PRELOAD=so, ALLOCLENS_OUTPUT=report, ALLOCLENS_TEXT="off",

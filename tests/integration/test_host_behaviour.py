@@ -50,6 +50,16 @@ def case(label, prog, args=(), main_report=True, child_statuses=(),
                 default_text=default_text)
 
 
+def check_sigchld(tap, desc, main, sides):
+    """host_signals sigchld: the symbolizer, whose exit would raise SIGCHLD, was not run; the
+    report says why its frames have dynamic symbols only."""
+    sites = (main or {}).get("sites", {})
+    if sites.get("available") and sites.get("sites"):
+        tap.ok(sites.get("symbols") == "dynamic symbols" and "SIGCHLD" in (sites.get("symbols_reason") or ""),
+               f"{desc}: the report says why its names are dynamic symbols only",
+               f"{sites.get('symbols')}: {sites.get('symbols_reason')}")
+
+
 def check_inplace(tap, desc, main, sides):
     """host_exec inplace: the pre-exec image wrote a side report; the leaf (same pid, the main
     process) wrote REPORT.json with status 6."""
@@ -84,6 +94,8 @@ CASES = [
     case("abort", "host_signals", ["abort"], main_report=False),
     case("_exit from a signal handler", "host_signals", ["exit-handler"], main_report=False),
     case("blocked signal, sigsuspend", "host_signals", ["mask"]),
+    case("a SIGCHLD handler sees no child of alloclens", "host_signals", ["sigchld"],
+         check=check_sigchld),
     case("dlopen/dlclose plugin", "host_dlopen", ["@plugin"]),
     case("exit(3) with 4 detached threads allocating", "host_exit_threads", ["exit"]),
     case("return 4 from main with threads allocating", "host_exit_threads", ["return"]),

@@ -307,6 +307,43 @@ def run(cmd, tmp, name, extra=(), env=None):
     return proc, report, truth, None
 
 
+def check_symbols(tap, prog, tmp, reports):
+    """Frames are named by alloclens-symbolize (debug information: the program's file:line);
+    a copy of the library with no symbolizer beside it falls back to the dynamic symbol table
+    and says why."""
+    first = next(iter(reports.values()))
+    sites = first["sites"]
+    src = os.path.basename(prog) + ".c:"
+    tap.ok(sites.get("symbols") == "debug information" and sites.get("symbols_reason") is None,
+           "frames are named from debug information", f"{sites.get('symbols')}: {sites.get('symbols_reason')}")
+    tap.ok(any(src in f for row in sites["top"] for f in row["stack"]),
+           f"the stacks give {src}LINE", show_rows(first))
+    lib = next((os.path.join(d, "liballoclens.so") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":")
+                if d and os.path.exists(os.path.join(d, "liballoclens.so"))), None)
+    if not tap.ok(lib is not None, "liballoclens.so found through LD_LIBRARY_PATH (meson sets it)"):
+        return
+    alone = os.path.join(tmp, "alone")
+    os.makedirs(alone, exist_ok=True)
+    shutil.copy(lib, alone)
+    out = os.path.join(tmp, "alone.json")
+    env = dict(os.environ, LD_PRELOAD=os.path.join(alone, "liballoclens.so"), ALLOCLENS_OUTPUT=out,
+               ALLOCLENS_TEXT="off")
+    env.pop("MALLOC_PERTURB_", None)
+    proc = subprocess.run([prog], env=env, capture_output=True, timeout=RUN_TIMEOUT)
+    try:
+        with open(out) as f:
+            alone_sites = json.load(f)["sites"]
+    except (OSError, ValueError, KeyError) as e:
+        tap.ok(False, "without the symbolizer: a report", f"{e}; exit {proc.returncode}")
+        return
+    tap.ok(proc.returncode == 0 and alone_sites.get("symbols") == "dynamic symbols"
+           and "alloclens-symbolize is not installed" in (alone_sites.get("symbols_reason") or ""),
+           "without the symbolizer: dynamic symbols, and the report says why",
+           f"exit {proc.returncode}; {alone_sites.get('symbols')}: {alone_sites.get('symbols_reason')}")
+    tap.ok(alone_sites.get("top") and all(row["stack"] for row in alone_sites["top"]),
+           "without the symbolizer: every site still has its stack")
+
+
 def show_rows(report, limit=12):
     out = []
     for r in site_rows(report)[:limit]:
@@ -675,6 +712,7 @@ def main():
         check_counts_mean(tap, label, reports, "site_medium_objects",
                           truth["site_medium_objects"], DEFAULT_RATE)
         check_determinism(tap, stats, tmp, reports)
+        check_symbols(tap, stats, tmp, reports)
 
     label = f"rate {SMALL_RATE}"
     reports, truth = run_series(tap, label, stats, ["--no-transient"], SMALL_RATE, tmp)

@@ -8,7 +8,10 @@
  *   term-threads  4 threads allocate without pause; main sends SIGTERM to the process
  *   abort         allocates, then abort(): dies by SIGABRT
  *   exit-handler  a SIGUSR1 handler calls _exit(5) while the main loop allocates
- *   mask          SIGUSR1 blocked around allocation, then delivered by sigsuspend; exits 0 */
+ *   mask          SIGUSR1 blocked around allocation, then delivered by sigsuspend; exits 0
+ *   sigchld       a SIGCHLD handler that writes a line for each signal; allocates enough for
+ *                 sampled sites (whose names the report finds at exit), starts no child and
+ *                 returns 0: no line may appear */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -30,6 +33,14 @@ static void on_usr1(int sig)
 {
     (void)sig;
     usr1s++;
+}
+
+static void on_chld(int sig)
+{
+    (void)sig;
+    static const char line[] = "SIGCHLD\n";
+    ssize_t w = write(1, line, sizeof line - 1);
+    (void)w;
 }
 
 static void on_usr1_exit(int sig)
@@ -162,6 +173,14 @@ int main(int argc, char **argv)
         sigprocmask(SIG_SETMASK, &old, NULL);
         printf("mask: handled after sigsuspend: %d\n", (int)usr1s);
         return usr1s == 1 ? 0 : 1;
+    }
+    if (!strcmp(mode, "sigchld")) {
+        install(SIGCHLD, on_chld);
+        static void *keep[256];
+        for (int i = 0; i < 256; i++)
+            keep[i] = malloc(64 << 10);
+        printf("sigchld: %d blocks of 64 KiB kept\n", (int)(sizeof keep / sizeof keep[0]));
+        return keep[255] ? 0 : 1;
     }
     fprintf(stderr, "host_signals: unknown mode %s\n", mode);
     return 2;

@@ -1,0 +1,436 @@
+/* Names for the frames of the sampled sites, found after the run.
+ *
+ * Full names (function, file:line from debug information) come from alloclens-symbolize, a
+ * program installed beside this library, run once per report for every frame at once: the
+ * debug information it reads (megabytes where libc6-dbg is installed) then never enters the
+ * profiled process, nor comes from the allocator it measures. It is started without the
+ * program's atfork handlers and without this library in its environment; input and output are
+ * memory files, so a helper that dies early raises no SIGPIPE here. Its exit raises SIGCHLD
+ * whatever the clone asked for (exec resets a child's exit signal), so it is not run in a
+ * program that handles SIGCHLD: that handler would see a child the program never made. Where
+ * it cannot run, and for the frames it did not see, names come from the dynamic symbol table
+ * through dladdr, which costs nothing. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/pidfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "profiler.h"
+
+#define HELPER "alloclens-symbolize"
+#define HELPER_TIMEOUT_MS 120000
+
+struct entry {
+    uintptr_t pc;
+    const char *function, *file, *module;
+    int line;
+    uint64_t module_offset;
+};
+
+static struct {
+    bool full;
+    uint32_t nsites;       /* sites the table was made for */
+    struct entry *e;       /* sorted by pc */
+    size_t n, e_bytes;
+    char *text;            /* the helper's output, its fields NUL-terminated in place */
+    size_t text_bytes;
+    char why[256];         /* why full names are missing; "" when they are not */
+} sym;
+
+static char *(*demangle)(const char *, char *, size_t *, int *);
+
+/* ---- the helper's input, written to a memory file ------------------------------------------ */
+
+struct out {
+    int fd;
+    char buf[4096];
+    size_t n;
+    bool failed;
+};
+
+static void out_flush(struct out *o)
+{
+    for (size_t off = 0; off < o->n && !o->failed;) {
+        ssize_t w = write(o->fd, o->buf + off, o->n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            o->failed = true;
+        else
+            off += (size_t)w;
+    }
+    o->n = 0;
+}
+
+static void out_put(struct out *o, const char *s, size_t len)
+{
+    while (len) {
+        if (o->n == sizeof o->buf)
+            out_flush(o);
+        size_t k = len < sizeof o->buf - o->n ? len : sizeof o->buf - o->n;
+        memcpy(o->buf + o->n, s, k);
+        o->n += k, s += k, len -= k;
+    }
+}
+
+static bool write_maps(struct out *o)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char chunk[4096];
+    ssize_t r;
+    while ((r = read(fd, chunk, sizeof chunk)) > 0 || (r < 0 && errno == EINTR))
+        if (r > 0)
+            out_put(o, chunk, (size_t)r);
+    close(fd);
+    return r == 0;
+}
+
+static int cmp_pc(const void *a, const void *b)
+{
+    uintptr_t x = ((const struct entry *)a)->pc, y = ((const struct entry *)b)->pc;
+    return x < y ? -1 : x > y;
+}
+
+/* Every distinct frame of every site, sorted, into sym.e; the caller holds the sampler lock. */
+static bool collect_frames(void)
+{
+    size_t most = (size_t)_al_sampler.nsites * AL_SITE_FRAMES + 1;
+    sym.e_bytes = most * sizeof *sym.e;
+    sym.e = _al_mem_map(sym.e_bytes);
+    if (!sym.e)
+        return false;
+    for (uint32_t i = 0; i < _al_sampler.nsites; i++)
+        for (uint32_t f = 0; f < _al_sampler.sites[i].nframes; f++)
+            sym.e[sym.n++].pc = _al_sampler.sites[i].frames[f];
+    qsort(sym.e, sym.n, sizeof *sym.e, cmp_pc);
+    size_t k = 0;
+    for (size_t i = 0; i < sym.n; i++)
+        if (k == 0 || sym.e[k - 1].pc != sym.e[i].pc)
+            sym.e[k++].pc = sym.e[i].pc;
+    sym.n = k;
+    return true;
+}
+
+/* ---- finding and starting the helper ------------------------------------------------------- */
+
+struct self_map {
+    uintptr_t addr;
+    char path[PATH_MAX];
+};
+
+static bool find_self(const struct al_map *m, void *arg)
+{
+    struct self_map *s = arg;
+    if (s->addr < m->lo || s->addr >= m->hi)
+        return false;
+    snprintf(s->path, sizeof s->path, "%s", m->path);
+    return true;
+}
+
+/* Installed beside this library, or in the build tree's profiler/ beside its interpose/. */
+static bool helper_path(char *out, size_t cap)
+{
+    static struct self_map self;
+    char buf[8192];
+    self.addr = (uintptr_t)helper_path;
+    self.path[0] = '\0';
+    if (!_al_maps_each(buf, sizeof buf, find_self, &self) || self.path[0] != '/')
+        return false;
+    char *slash = strrchr(self.path, '/');
+    *slash = '\0';
+    snprintf(out, cap, "%s/" HELPER, self.path);
+    if (access(out, X_OK) == 0)
+        return true;
+    snprintf(out, cap, "%s/../profiler/" HELPER, self.path);
+    return access(out, X_OK) == 0;
+}
+
+/* The kernel's struct sigaction, for the raw system calls the child makes. */
+struct k_sigaction {
+    void (*handler)(int);
+    unsigned long flags;
+    void (*restorer)(void);
+    uint64_t mask;
+};
+
+struct child_args {
+    const char *path;
+    char **envp;
+    int in, out;
+    uint64_t mask; /* the signal mask to restore before exec */
+};
+
+/* The child shares this process's memory until it execs: raw system calls only (the C
+ * library's and this library's wrappers would touch shared state), and no return. */
+static int child_main(void *arg)
+{
+    struct child_args *a = arg;
+    for (int sig = 1; sig <= 64; sig++) {
+        struct k_sigaction old, dfl = { .handler = SIG_DFL };
+        if (syscall(SYS_rt_sigaction, sig, NULL, &old, 8) == 0 && old.handler != SIG_DFL &&
+            old.handler != SIG_IGN)
+            syscall(SYS_rt_sigaction, sig, &dfl, NULL, 8);
+    }
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &a->mask, NULL, 8);
+    if (syscall(SYS_dup2, a->in, 0) == 0 && syscall(SYS_dup2, a->out, 1) == 1) {
+        char *argv[] = { (char *)a->path, NULL };
+        syscall(SYS_execve, a->path, argv, a->envp);
+    }
+    syscall(SYS_exit, 127);
+    return 127;
+}
+
+/* This process's environment less LD_PRELOAD and ALLOCLENS_*: the helper is not profiled. */
+static char **helper_env(size_t *bytes)
+{
+    size_t n = 0;
+    for (char **e = environ; e && *e; e++)
+        n++;
+    *bytes = (n + 1) * sizeof(char *);
+    char **env = _al_mem_map(*bytes);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, "LD_PRELOAD=", 11) != 0 && strncmp(*e, "ALLOCLENS_", 10) != 0)
+            env[k++] = *e;
+    return env;
+}
+
+/* Runs PATH with IN as its input and OUT as its output; its exit status, or -1 with why. */
+static int run_helper(const char *path, int in, int out)
+{
+    size_t env_bytes;
+    char **env = helper_env(&env_bytes);
+    size_t stack_bytes = 64 << 10;
+    char *stack = _al_mem_map(stack_bytes);
+    if (!env || !stack) {
+        snprintf(sym.why, sizeof sym.why, "out of memory starting %s", HELPER);
+        _al_mem_unmap(env, env_bytes);
+        _al_mem_unmap(stack, stack_bytes);
+        return -1;
+    }
+    /* Signals are blocked from the clone to the child's reset of their handlers: none may run
+     * a handler of the program in the child (SIGSYS stays open for syscall user dispatch). */
+    uint64_t all = ~(1ull << (SIGSYS - 1)), old = 0;
+    syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &old, 8);
+    struct child_args a = { path, env, in, out, old };
+    pid_t pid = clone(child_main, stack + stack_bytes, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+    int e = errno;
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
+    _al_mem_unmap(stack, stack_bytes);
+    _al_mem_unmap(env, env_bytes);
+    if (pid < 0) {
+        snprintf(sym.why, sizeof sym.why, "%s could not be started: %s", HELPER, strerror(e));
+        return -1;
+    }
+    int pfd = pidfd_open(pid, 0);
+    if (pfd >= 0) {
+        struct pollfd p = { .fd = pfd, .events = POLLIN };
+        int r;
+        while ((r = poll(&p, 1, HELPER_TIMEOUT_MS)) < 0 && errno == EINTR)
+            ;
+        if (r == 0) {
+            kill(pid, SIGKILL);
+            snprintf(sym.why, sizeof sym.why, "%s took more than %d s; killed", HELPER,
+                     HELPER_TIMEOUT_MS / 1000);
+        }
+        close(pfd);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno == ECHILD && !sym.why[0])
+            return 0; /* reaped through SIGCHLD's SIG_IGN, or by a wait of the program: its answer tells */
+        if (errno != EINTR) {
+            snprintf(sym.why, sizeof sym.why, "%s: waitpid: %s", HELPER, strerror(errno));
+            return -1;
+        }
+    }
+    if (sym.why[0])
+        return -1;
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    snprintf(sym.why, sizeof sym.why, "%s died of signal %d", HELPER, WTERMSIG(status));
+    return -1;
+}
+
+/* ---- reading its answer -------------------------------------------------------------------- */
+
+static char *field(char **s)
+{
+    char *f = *s, *end = strchr(f, '\t');
+    if (end) {
+        *end = '\0';
+        *s = end + 1;
+    } else {
+        *s = f + strlen(f);
+    }
+    return f[0] ? f : NULL;
+}
+
+static bool parse_answer(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0)
+        return false;
+    sym.text_bytes = (size_t)st.st_size + 1;
+    sym.text = mmap(NULL, sym.text_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (sym.text == MAP_FAILED) {
+        sym.text = NULL;
+        return false;
+    }
+    char *line = sym.text, *end = sym.text + st.st_size;
+    size_t i = 0;
+    while (i < sym.n && line < end) {
+        char *nl = memchr(line, '\n', (size_t)(end - line));
+        if (!nl)
+            break;
+        *nl = '\0';
+        struct entry *e = &sym.e[i++];
+        e->function = field(&line);
+        e->file = field(&line);
+        char *ln = field(&line);
+        e->line = ln ? atoi(ln) : 0;
+        e->module = field(&line);
+        char *off = field(&line);
+        e->module_offset = off ? strtoull(off, NULL, 16) : 0;
+        line = nl + 1;
+    }
+    return i == sym.n && end - line == 4 && memcmp(line, "end\n", 4) == 0;
+}
+
+static void table_free(void)
+{
+    if (sym.text)
+        munmap(sym.text, sym.text_bytes);
+    _al_mem_unmap(sym.e, sym.e_bytes);
+    sym.text = NULL;
+    sym.e = NULL;
+    sym.n = sym.e_bytes = sym.text_bytes = 0;
+}
+
+static void make_table(void)
+{
+    struct k_sigaction chld;
+    if (syscall(SYS_rt_sigaction, SIGCHLD, NULL, &chld, 8) == 0 && chld.handler != SIG_DFL &&
+        chld.handler != SIG_IGN) {
+        snprintf(sym.why, sizeof sym.why, "the program handles SIGCHLD, which %s would raise", HELPER);
+        return;
+    }
+    char path[PATH_MAX];
+    if (!helper_path(path, sizeof path)) {
+        snprintf(sym.why, sizeof sym.why, "%s is not installed beside liballoclens.so", HELPER);
+        return;
+    }
+    int in = memfd_create("alloclens-symbolize-in", MFD_CLOEXEC);
+    int out = memfd_create("alloclens-symbolize-out", MFD_CLOEXEC);
+    if (in < 0 || out < 0) {
+        snprintf(sym.why, sizeof sym.why, "memfd_create: %s", strerror(errno));
+        goto done;
+    }
+    _al_sampler_lock();
+    bool ok = collect_frames();
+    _al_sampler_unlock();
+    if (!ok) {
+        snprintf(sym.why, sizeof sym.why, "out of memory listing the frames");
+        goto done;
+    }
+    if (sym.n == 0)
+        goto done; /* nothing to name */
+    struct out o = { .fd = in };
+    ok = write_maps(&o);
+    out_put(&o, "\n", 1);
+    for (size_t i = 0; i < sym.n; i++) {
+        char pc[24];
+        out_put(&o, pc, (size_t)snprintf(pc, sizeof pc, "%lx\n", (unsigned long)sym.e[i].pc));
+    }
+    out_flush(&o);
+    if (!ok || o.failed || lseek(in, 0, SEEK_SET) != 0) {
+        snprintf(sym.why, sizeof sym.why, "could not write the input of %s", HELPER);
+        goto done;
+    }
+    int rc = run_helper(path, in, out);
+    if (rc > 0)
+        snprintf(sym.why, sizeof sym.why, "%s exited with status %d", HELPER, rc);
+    else if (rc == 0 && !parse_answer(out))
+        snprintf(sym.why, sizeof sym.why, "%s gave a short answer", HELPER);
+done:
+    if (sym.why[0])
+        table_free();
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+}
+
+/* ---- the API ------------------------------------------------------------------------------- */
+
+void _al_symbols_begin(bool full)
+{
+    sym.full = full;
+    demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    if (!full || (sym.e && sym.nsites == _al_sampler.nsites))
+        return;
+    table_free();
+    sym.why[0] = '\0';
+    sym.nsites = _al_sampler.nsites;
+    make_table();
+}
+
+const char *_al_symbols_unavailable(void)
+{
+    return sym.full && sym.why[0] ? sym.why : NULL;
+}
+
+/* A return address points after the call: the call itself is looked up. */
+void _al_symbolize(uintptr_t pc, struct al_symbol *s)
+{
+    memset(s, 0, sizeof *s);
+    struct entry key = { .pc = pc };
+    const struct entry *e = sym.full && sym.e ? bsearch(&key, sym.e, sym.n, sizeof *sym.e, cmp_pc) : NULL;
+    if (e) {
+        s->function = e->function;
+        s->file = e->file;
+        s->line = e->line;
+        s->module = e->module;
+        s->module_offset = e->module_offset;
+        return;
+    }
+    Dl_info info;
+    if (pc && dladdr((void *)(pc - 1), &info) && info.dli_fname) {
+        s->module = info.dli_fname;
+        s->module_offset = pc - (uintptr_t)info.dli_fbase;
+        s->function = info.dli_sname;
+        s->mangled = true;
+    }
+}
+
+/* The function's name for people: demangled into BUF where it was left mangled. */
+const char *_al_symbol_function(const struct al_symbol *s, char *buf, size_t cap)
+{
+    if (!s->function || !s->mangled || !demangle)
+        return s->function;
+    int status = -1;
+    char *plain = demangle(s->function, NULL, NULL, &status);
+    if (status != 0 || !plain) {
+        free(plain);
+        return s->function;
+    }
+    snprintf(buf, cap, "%s", plain);
+    free(plain);
+    return buf;
+}
