@@ -16,28 +16,27 @@ extern int __pthread_mutex_lock(pthread_mutex_t *);
 extern int __pthread_mutex_trylock(pthread_mutex_t *);
 extern int __pthread_mutex_unlock(pthread_mutex_t *);
 
-/* Spin locks before start-up resolved them (nothing takes one that early in practice): our
- * own spin lock has glibc's protocol, 0 free, nonzero held. */
-static int spin_lock_early(pthread_spinlock_t *l)
-{
-    _al_spin_lock((_Atomic int *)l);
-    return 0;
-}
+/* Spin locks taken before start-up resolved them (a program's preinit function can) resolve
+ * them first: glibc's protocol is its own (on x86-64, 1 is free), so nothing of ours may stand
+ * in. After that the pointers lead straight to glibc. */
+static int spin_lock_first(pthread_spinlock_t *l);
+static int spin_trylock_first(pthread_spinlock_t *l);
+static int spin_unlock_first(pthread_spinlock_t *l);
 
-static int spin_trylock_early(pthread_spinlock_t *l)
-{
-    return _al_spin_trylock((_Atomic int *)l) ? 0 : EBUSY;
-}
+static int (*real_spin_lock)(pthread_spinlock_t *) = spin_lock_first;
+static int (*real_spin_trylock)(pthread_spinlock_t *) = spin_trylock_first;
+static int (*real_spin_unlock)(pthread_spinlock_t *) = spin_unlock_first;
 
-static int spin_unlock_early(pthread_spinlock_t *l)
-{
-    _al_spin_unlock((_Atomic int *)l);
-    return 0;
-}
-
-static int (*real_spin_lock)(pthread_spinlock_t *) = spin_lock_early;
-static int (*real_spin_trylock)(pthread_spinlock_t *) = spin_trylock_early;
-static int (*real_spin_unlock)(pthread_spinlock_t *) = spin_unlock_early;
+#define SPIN_FIRST(name)                                                                   \
+    static int spin_##name##_first(pthread_spinlock_t *l)                                  \
+    {                                                                                      \
+        _al_locks_resolve();                                                               \
+        return real_spin_##name != spin_##name##_first ? real_spin_##name(l) : ENOSYS;     \
+    }
+SPIN_FIRST(lock)
+SPIN_FIRST(trylock)
+SPIN_FIRST(unlock)
+#undef SPIN_FIRST
 
 void _al_locks_resolve(void)
 {

@@ -117,6 +117,7 @@ CASES = [
          default_text=True),
     case("no descriptors of alloclens left open in the program", "host_fds", ["count"]),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
+    case("a spin lock taken before alloclens started", "host_spin"),
 ]
 
 
