@@ -51,41 +51,9 @@ static struct {
 
 static char *(*demangle)(const char *, char *, size_t *, int *);
 
-/* ---- the helper's input, written to a memory file ------------------------------------------ */
+/* ---- the helper's input ------------------------------------------------------------------ */
 
-struct out {
-    int fd;
-    char buf[4096];
-    size_t n;
-    bool failed;
-};
-
-static void out_flush(struct out *o)
-{
-    for (size_t off = 0; off < o->n && !o->failed;) {
-        ssize_t w = write(o->fd, o->buf + off, o->n - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            o->failed = true;
-        else
-            off += (size_t)w;
-    }
-    o->n = 0;
-}
-
-static void out_put(struct out *o, const char *s, size_t len)
-{
-    while (len) {
-        if (o->n == sizeof o->buf)
-            out_flush(o);
-        size_t k = len < sizeof o->buf - o->n ? len : sizeof o->buf - o->n;
-        memcpy(o->buf + o->n, s, k);
-        o->n += k, s += k, len -= k;
-    }
-}
-
-static bool write_maps(struct out *o)
+static bool put_maps(struct al_buf *b)
 {
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -94,7 +62,7 @@ static bool write_maps(struct out *o)
     ssize_t r;
     while ((r = read(fd, chunk, sizeof chunk)) > 0 || (r < 0 && errno == EINTR))
         if (r > 0)
-            out_put(o, chunk, (size_t)r);
+            _al_buf_putn(b, chunk, (size_t)r);
     close(fd);
     return r == 0;
 }
@@ -351,15 +319,14 @@ static void make_table(void)
     }
     if (sym.n == 0)
         goto done; /* nothing to name */
-    struct out o = { .fd = in };
-    ok = write_maps(&o);
-    out_put(&o, "\n", 1);
-    for (size_t i = 0; i < sym.n; i++) {
-        char pc[24];
-        out_put(&o, pc, (size_t)snprintf(pc, sizeof pc, "%lx\n", (unsigned long)sym.e[i].pc));
-    }
-    out_flush(&o);
-    if (!ok || o.failed || lseek(in, 0, SEEK_SET) != 0) {
+    struct al_buf b = { 0 };
+    ok = put_maps(&b);
+    _al_buf_putn(&b, "\n", 1);
+    for (size_t i = 0; i < sym.n; i++)
+        _al_buf_printf(&b, "%lx\n", (unsigned long)sym.e[i].pc);
+    ok = ok && _al_buf_write_fd(&b, in) == 0 && lseek(in, 0, SEEK_SET) == 0;
+    _al_buf_free(&b);
+    if (!ok) {
         snprintf(sym.why, sizeof sym.why, "could not write the input of %s", HELPER);
         goto done;
     }
