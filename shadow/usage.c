@@ -96,12 +96,14 @@ struct spill {
     struct al_shadow_region *r;
     uint64_t page, skip;
     unsigned owner;
-    uint64_t big; /* bytes on the page of the big objects found (the skipped one included) */
+    uint64_t big; /* bytes on the page of the big objects found, or the new one's */
 };
 
 static void spill_one(uint64_t g, const struct al_shadow_object *live, void *arg)
 {
     struct spill *s = arg;
+    if (g == s->skip)
+        return;
     /* The live object's part of the page: [lo, hi). */
     uint64_t lo = g > s->page ? g : s->page, hi = lo, end = s->page + AL_SHADOW_PAGE_SIZE;
     if (live) {
@@ -110,8 +112,6 @@ static void spill_one(uint64_t g, const struct al_shadow_object *live, void *arg
         if (live->requested >= AL_SHADOW_BIG && hi > lo)
             s->big += hi - lo;
     }
-    if (g == s->skip)
-        return;
     if (g >= s->page)
         own_line(line_of(s->r, g), s->owner);
     if (hi > lo)
@@ -120,15 +120,21 @@ static void spill_one(uint64_t g, const struct al_shadow_object *live, void *arg
 
 /* The page at PAGE, so far OWNER's alone, is about to get a second owner: OWNER's lines on it
  * are written out. They are those an object was ever put on (a seen granule) and those a live
- * object reaches. SKIP is the new owner's object, recorded already. The page's big bytes that
- * no record found belong to the one big object from further back that covers the page's start
- * (objects do not overlap); it is OWNER's, since its allocation took every page it covers. */
-static void spill_owner(uint64_t page, unsigned owner, uint64_t skip)
+ * object reaches. SKIP is the new owner's object of N bytes, recorded already, its big bytes on
+ * the page counted already. The page's other big bytes that no record found belong to the one
+ * big object from further back that covers the page's start (objects do not overlap); it is
+ * OWNER's, since its allocation took every page it covers. */
+static void spill_owner(uint64_t page, unsigned owner, uint64_t skip, uint64_t n)
 {
     struct spill s = { _al_shadow_region(page), page, skip, owner, 0 };
     if (!s.r)
         return;
-    each_object(page, page + AL_SHADOW_PAGE_SIZE, spill_one, &s);
+    uint64_t end = page + AL_SHADOW_PAGE_SIZE;
+    if (n >= AL_SHADOW_BIG) {
+        uint64_t lo = skip > page ? skip : page, hi = skip + n < end ? skip + n : end;
+        s.big = hi > lo ? hi - lo : 0;
+    }
+    each_object(page, end, spill_one, &s);
     uint32_t used = atomic_load_explicit(&s.r->page_used[AL_SHADOW_PAGE_INDEX(page)], memory_order_relaxed);
     if (used > s.big)
         own_lines(s.r, page, page + (used - s.big), owner);
@@ -152,7 +158,7 @@ void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, uns
                 break;
             }
             if (v != 0)
-                spill_owner(page, AL_LINE_OWNER(v), a);
+                spill_owner(page, AL_LINE_OWNER(v), a, n);
             uint16_t want = v == 0 ? mine : (uint16_t)(v | AL_LINE_SHARED);
             if (atomic_compare_exchange_weak_explicit(po, &v, want, memory_order_relaxed, memory_order_relaxed)) {
                 lines = v != 0;

@@ -170,6 +170,20 @@ START_TEST(big_object_keeps_its_last_line)
 }
 END_TEST
 
+/* A big object of a second thread that starts two pages back: its bytes on the first owner's
+ * page are its own, not taken for the first owner's far-back big object. */
+START_TEST(new_big_object_from_pages_back)
+{
+    uint64_t page = 0x7f0001700000ull;
+    mark_by(page + 2048, 64, 1);
+    mark_by(page - 8192, 2 * 4096 + 100, 2);
+    uint16_t l = _al_shadow_line((void *)(uintptr_t)page);
+    ck_assert_uint_eq(owner(l), 2);
+    ck_assert(!(l & AL_LINE_SHARED));
+    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 2048))), 1);
+}
+END_TEST
+
 /* The pages of R's region record that hold only level 3, and the kernel backs (or maps the zero
  * page into: reads of the fields around it must not count). */
 static unsigned level3_pages(struct al_shadow_region *r)
@@ -430,6 +444,7 @@ int main(void)
     tcase_add_test(tc, every_size_through_the_table);
     tcase_add_test(tc, page_owners_stand_for_their_lines);
     tcase_add_test(tc, big_object_keeps_its_last_line);
+    tcase_add_test(tc, new_big_object_from_pages_back);
     tcase_add_test(tc, line_entries_only_where_shared);
     tcase_add_test(tc, heap_pages);
     tcase_add_test(tc, region_boundaries);
