@@ -1,6 +1,7 @@
 /* The /proc files the profiler reads, with no stdio and no allocation, so that the rare paths
  * inside an allocator call may read them: the mappings (/proc/self/maps, a block at a time into
- * the caller's buffer), and small files in one read. */
+ * the caller's buffer), small files in one read, and a whole file appended to a report buffer. */
+#include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
@@ -86,4 +87,18 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
         return -1;
     buf[n] = '\0';
     return n;
+}
+
+bool _al_proc_append(const char *path, struct al_buf *b)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char chunk[4096];
+    ssize_t r;
+    while ((r = read(fd, chunk, sizeof chunk)) > 0 || (r < 0 && errno == EINTR))
+        if (r > 0)
+            _al_buf_putn(b, chunk, (size_t)r);
+    close(fd);
+    return r == 0;
 }

@@ -463,6 +463,8 @@ struct al_map {
 bool _al_maps_each(char *buf, size_t cap, bool (*fn)(const struct al_map *m, void *arg), void *arg);
 /* The file at PATH in one read into BUF (CAP bytes), NUL-terminated: its length, or -1. */
 ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
+/* The whole file at PATH appended to B, however long; whether it was read to its end. */
+bool _al_proc_append(const char *path, struct al_buf *b);
 /* The unsigned number at *S in BASE (10 or 16, lower-case digits); *S is left after it. */
 uint64_t _al_proc_num(const char **s, unsigned base);
 

@@ -211,6 +211,10 @@ static void write_report(struct write_args *w)
     gather(r, has_status, status);
     bool main_image = kind == AL_REPORT_EXIT && r->pid == _al_settings.main_pid;
     r->main_image = main_image;
+    /* The sites' frames are named once for every writer below: from debug information in the
+     * main process (the only one to write text and pprof), else the dynamic symbol table. */
+    if (_al_sampler.enabled)
+        _al_symbols_begin(main_image);
 
     if (_al_settings.output && (main_image || total_calls(r) > 0)) {
         struct al_buf b = { 0 };

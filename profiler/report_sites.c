@@ -119,7 +119,6 @@ void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_ima
                         "(ALLOCLENS_SAMPLE_RATE=0)\" }\n");
         return;
     }
-    _al_symbols_begin(main_image);
     _al_sampler_lock();
     _al_buf_printf(b, "  \"sites\": { \"available\": true, \"sample_rate_bytes\": %.0f, \"seed\": %llu, \"sites\": %u, "
                    "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n",
@@ -149,7 +148,6 @@ void _al_report_sites_text(struct al_buf *b)
         _al_buf_puts(b, "sites        unavailable: sampling is off (ALLOCLENS_SAMPLE_RATE=0)\n");
         return;
     }
-    _al_symbols_begin(true);
     _al_sampler_lock();
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
@@ -201,7 +199,6 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         _al_log("no pprof profile written to %s: sampling is off", path);
         return;
     }
-    _al_symbols_begin(true);
     uint32_t n = _al_sampler.nsites;
     size_t frames_n = (size_t)n * AL_SITE_FRAMES + 1;
     struct maps *mp = _al_mem_map(sizeof *mp);

@@ -3,20 +3,20 @@
  * Full names (function, file:line from debug information) come from alloclens-symbolize, a
  * program installed beside this library, run once per report for every frame at once: the
  * debug information it reads (megabytes where libc6-dbg is installed) then never enters the
- * profiled process, nor comes from the allocator it measures. It is started without the
- * program's atfork handlers and without this library in its environment; input and output are
- * memory files, so a helper that dies early raises no SIGPIPE here. Its exit raises SIGCHLD
- * whatever the clone asked for (exec resets a child's exit signal), so it is not run in a
- * program that handles SIGCHLD: that handler would see a child the program never made. Where
- * it cannot run, and for the frames it did not see, names come from the dynamic symbol table
- * through dladdr, which costs nothing. */
+ * profiled process, nor comes from the allocator it measures. posix_spawn starts it without
+ * the program's atfork handlers, signal handlers or signal mask, and without this library in
+ * its environment; input and output are memory files, so a helper that dies early raises no
+ * SIGPIPE here. Its exit raises SIGCHLD (exec gives every child that exit signal), so it is not
+ * run in a program that handles SIGCHLD: that handler would see a child the program never
+ * made. Where it cannot run, and for the frames it did not see, names come from the dynamic
+ * symbol table through dladdr, which costs nothing. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +41,6 @@ struct entry {
 
 static struct {
     bool full;
-    uint32_t nsites;       /* sites the table was made for */
     struct entry *e;       /* sorted by pc */
     size_t n, e_bytes;
     char *text;            /* the helper's output, its fields NUL-terminated in place */
@@ -50,22 +49,6 @@ static struct {
 } sym;
 
 static char *(*demangle)(const char *, char *, size_t *, int *);
-
-/* ---- the helper's input ------------------------------------------------------------------ */
-
-static bool put_maps(struct al_buf *b)
-{
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    char chunk[4096];
-    ssize_t r;
-    while ((r = read(fd, chunk, sizeof chunk)) > 0 || (r < 0 && errno == EINTR))
-        if (r > 0)
-            _al_buf_putn(b, chunk, (size_t)r);
-    close(fd);
-    return r == 0;
-}
 
 static int cmp_pc(const void *a, const void *b)
 {
@@ -127,41 +110,6 @@ static bool helper_path(char *out, size_t cap)
     return access(out, X_OK) == 0;
 }
 
-/* The kernel's struct sigaction, for the raw system calls the child makes. */
-struct k_sigaction {
-    void (*handler)(int);
-    unsigned long flags;
-    void (*restorer)(void);
-    uint64_t mask;
-};
-
-struct child_args {
-    const char *path;
-    char **envp;
-    int in, out;
-    uint64_t mask; /* the signal mask to restore before exec */
-};
-
-/* The child shares this process's memory until it execs: raw system calls only (the C
- * library's and this library's wrappers would touch shared state), and no return. */
-static int child_main(void *arg)
-{
-    struct child_args *a = arg;
-    for (int sig = 1; sig <= 64; sig++) {
-        struct k_sigaction old, dfl = { .handler = SIG_DFL };
-        if (syscall(SYS_rt_sigaction, sig, NULL, &old, 8) == 0 && old.handler != SIG_DFL &&
-            old.handler != SIG_IGN)
-            syscall(SYS_rt_sigaction, sig, &dfl, NULL, 8);
-    }
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &a->mask, NULL, 8);
-    if (syscall(SYS_dup2, a->in, 0) == 0 && syscall(SYS_dup2, a->out, 1) == 1) {
-        char *argv[] = { (char *)a->path, NULL };
-        syscall(SYS_execve, a->path, argv, a->envp);
-    }
-    syscall(SYS_exit, 127);
-    return 127;
-}
-
 /* This process's environment less LD_PRELOAD and ALLOCLENS_*: the helper is not profiled. */
 static char **helper_env(size_t *bytes)
 {
@@ -184,25 +132,35 @@ static int run_helper(const char *path, int in, int out)
 {
     size_t env_bytes;
     char **env = helper_env(&env_bytes);
-    size_t stack_bytes = 64 << 10;
-    char *stack = _al_mem_map(stack_bytes);
-    if (!env || !stack) {
+    if (!env) {
         snprintf(sym.why, sizeof sym.why, "out of memory starting %s", HELPER);
-        _al_mem_unmap(env, env_bytes);
-        _al_mem_unmap(stack, stack_bytes);
         return -1;
     }
-    /* Signals are blocked from the clone to the child's reset of their handlers: none may run
-     * a handler of the program in the child (SIGSYS stays open for syscall user dispatch). */
-    uint64_t all = ~(1ull << (SIGSYS - 1)), old = 0;
-    syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &old, 8);
-    struct child_args a = { path, env, in, out, old };
-    pid_t pid = clone(child_main, stack + stack_bytes, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
-    int e = errno;
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
-    _al_mem_unmap(stack, stack_bytes);
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    sigset_t none;
+    sigemptyset(&none);
+    char *argv[] = { (char *)path, NULL };
+    pid_t pid = -1;
+    int e = posix_spawn_file_actions_init(&fa);
+    if (e == 0) {
+        e = posix_spawnattr_init(&attr);
+        if (e == 0) {
+            e = posix_spawn_file_actions_adddup2(&fa, in, 0);
+            if (e == 0)
+                e = posix_spawn_file_actions_adddup2(&fa, out, 1);
+            if (e == 0)
+                e = posix_spawnattr_setsigmask(&attr, &none);
+            if (e == 0)
+                e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+            if (e == 0)
+                e = posix_spawn(&pid, path, &fa, &attr, argv, env);
+            posix_spawnattr_destroy(&attr);
+        }
+        posix_spawn_file_actions_destroy(&fa);
+    }
     _al_mem_unmap(env, env_bytes);
-    if (pid < 0) {
+    if (e != 0) {
         snprintf(sym.why, sizeof sym.why, "%s could not be started: %s", HELPER, strerror(e));
         return -1;
     }
@@ -255,7 +213,7 @@ static bool parse_answer(int fd)
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0)
         return false;
-    sym.text_bytes = (size_t)st.st_size + 1;
+    sym.text_bytes = (size_t)st.st_size;
     sym.text = mmap(NULL, sym.text_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (sym.text == MAP_FAILED) {
         sym.text = NULL;
@@ -291,11 +249,21 @@ static void table_free(void)
     sym.n = sym.e_bytes = sym.text_bytes = 0;
 }
 
+/* FD moved above 2 (a program may have closed its standard streams): the helper's own 0 and 1
+ * are then made from it, whatever order they are made in. */
+static int above_stdio(int fd)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    return moved;
+}
+
 static void make_table(void)
 {
-    struct k_sigaction chld;
-    if (syscall(SYS_rt_sigaction, SIGCHLD, NULL, &chld, 8) == 0 && chld.handler != SIG_DFL &&
-        chld.handler != SIG_IGN) {
+    struct sigaction chld;
+    if (sigaction(SIGCHLD, NULL, &chld) == 0 && chld.sa_handler != SIG_DFL && chld.sa_handler != SIG_IGN) {
         snprintf(sym.why, sizeof sym.why, "the program handles SIGCHLD, which %s would raise", HELPER);
         return;
     }
@@ -304,10 +272,10 @@ static void make_table(void)
         snprintf(sym.why, sizeof sym.why, "%s is not installed beside liballoclens.so", HELPER);
         return;
     }
-    int in = memfd_create("alloclens-symbolize-in", MFD_CLOEXEC);
-    int out = memfd_create("alloclens-symbolize-out", MFD_CLOEXEC);
+    int in = above_stdio(memfd_create("alloclens-symbolize-in", MFD_CLOEXEC));
+    int out = above_stdio(memfd_create("alloclens-symbolize-out", MFD_CLOEXEC));
     if (in < 0 || out < 0) {
-        snprintf(sym.why, sizeof sym.why, "memfd_create: %s", strerror(errno));
+        snprintf(sym.why, sizeof sym.why, "no memory file for %s: %s", HELPER, strerror(errno));
         goto done;
     }
     _al_sampler_lock();
@@ -320,7 +288,7 @@ static void make_table(void)
     if (sym.n == 0)
         goto done; /* nothing to name */
     struct al_buf b = { 0 };
-    ok = put_maps(&b);
+    ok = _al_proc_append("/proc/self/maps", &b);
     _al_buf_putn(&b, "\n", 1);
     for (size_t i = 0; i < sym.n; i++)
         _al_buf_printf(&b, "%lx\n", (unsigned long)sym.e[i].pc);
@@ -330,7 +298,9 @@ static void make_table(void)
         snprintf(sym.why, sizeof sym.why, "could not write the input of %s", HELPER);
         goto done;
     }
+    int cancel = _al_nocancel_begin(); /* the wait below must not be where a cancel acts */
     int rc = run_helper(path, in, out);
+    _al_nocancel_end(cancel);
     if (rc > 0)
         snprintf(sym.why, sizeof sym.why, "%s exited with status %d", HELPER, rc);
     else if (rc == 0 && !parse_answer(out))
@@ -350,12 +320,10 @@ void _al_symbols_begin(bool full)
 {
     sym.full = full;
     demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle");
-    if (!full || (sym.e && sym.nsites == _al_sampler.nsites))
-        return;
     table_free();
     sym.why[0] = '\0';
-    sym.nsites = _al_sampler.nsites;
-    make_table();
+    if (full)
+        make_table();
 }
 
 const char *_al_symbols_unavailable(void)

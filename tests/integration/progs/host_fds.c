@@ -5,7 +5,10 @@
  * usage: host_fds data DATAFILE
  *        host_fds count      prints which descriptors above 2 are open at start (a profiler
  *                            or its launcher must not leave any of its own open in the
- *                            program), then exits 0 */
+ *                            program), then exits 0
+ *        host_fds closed     keeps 16 MiB allocated (sampled sites), closes its stdin and
+ *                            stdout, and exits 0: the report's symbolizer still gets its
+ *                            input and output */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,14 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "count"))
         return count();
+    if (argc == 2 && !strcmp(argv[1], "closed")) {
+        static void *keep[256];
+        for (int i = 0; i < 256; i++)
+            keep[i] = malloc(64 << 10);
+        close(STDIN_FILENO);
+        close(STDOUT_FILENO);
+        return keep[255] ? 0 : 1;
+    }
     if (argc < 3 || strcmp(argv[1], "data"))
         return 2;
     close(STDERR_FILENO);
