@@ -86,6 +86,7 @@ static void atfork_child(void)
     _al_threads_after_fork_child();
     _al_sampler_atfork_child();
     _al_waste_after_fork_child();
+    _al_heap_after_fork_child();
     _al_report_restart(false);
 }
 

@@ -257,13 +257,14 @@ static uint64_t rss_now(void)
     return _al_proc_num(&c, 10) * 4096;
 }
 
-static void take(struct al_waste_snapshot *s)
+/* The snapshot S of the heap whose resident total is TOTAL (just measured by the caller). */
+static void take(struct al_waste_snapshot *s, uint64_t total)
 {
     struct al_waste_state *w = &_al_waste;
     memset(snap.sums, 0, w->nslots * sizeof *snap.sums);
     _al_threads_sum_classes(snap.sums, w->nslots);
     s->tsc = _al_tsc();
-    s->total = _al_heap_resident();
+    s->total = total;
     s->live = s->internal = s->blowup = s->objects = 0;
     for (uint32_t i = 0; i < w->nslots; i++) {
         int64_t objects = snap.sums[i][AL_CLS_OBJECTS], req = snap.sums[i][AL_CLS_REQUESTED];
@@ -295,9 +296,11 @@ static void check_footprint(void)
 {
     uint64_t rss = rss_now();
     uint64_t at = atomic_load_explicit(&snap.measured_rss, memory_order_relaxed);
-    uint64_t bound = atomic_load_explicit(&snap.measured, memory_order_relaxed) + (rss > at ? rss - at : 0);
-    if (bound > atomic_load_explicit(&snap.highest, memory_order_relaxed))
-        atomic_store_explicit(&snap.highest, bound, memory_order_relaxed); /* a racing look may lower it a little */
+    if (at) { /* before the first measurement there is nothing to add the growth to */
+        uint64_t bound = atomic_load_explicit(&snap.measured, memory_order_relaxed) + (rss > at ? rss - at : 0);
+        if (bound > atomic_load_explicit(&snap.highest, memory_order_relaxed))
+            atomic_store_explicit(&snap.highest, bound, memory_order_relaxed); /* a racing look may lower it a little */
+    }
     if (rss < __atomic_load_n(&snap.next_rss, __ATOMIC_RELAXED))
         return;
     if (!_al_spin_trylock(&snap.lock))
@@ -312,7 +315,7 @@ static void check_footprint(void)
                         ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
     __atomic_store_n(&snap.next_rss, rss + (lack > AL_SNAP_STEP / 16 ? lack : AL_SNAP_STEP / 16), __ATOMIC_RELAXED);
     if (!_al_waste.peak.taken || total >= _al_waste.peak.total + AL_SNAP_STEP) {
-        take(&_al_waste.peak); /* every snapshot the rule takes is the new peak */
+        take(&_al_waste.peak, total); /* every snapshot the rule takes is the new peak */
         snap.taken++;
     }
     _al_spin_unlock(&snap.lock);
@@ -334,7 +337,7 @@ void _al_waste_final(void)
         return;
     _al_spin_lock(&snap.lock);
     struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
-    take(&s);
+    take(&s, _al_heap_resident());
     _al_waste.final = s;
     /* The state at exit is the peak only if it passed the largest footprint there may have been
      * at a look during the run by more than the rule can miss (a step, plus what a thread
@@ -359,7 +362,6 @@ void _al_waste_final(void)
 void _al_waste_after_fork_child(void)
 {
     atomic_store(&snap.lock, 0);
-    _al_heap_after_fork_child();
     snap.next_rss = 0;
     snap.taken = 0;
     atomic_store(&snap.highest, 0);
