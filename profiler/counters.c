@@ -204,7 +204,7 @@ static void close_set(struct al_thread_counters *c, bool mapped);
 /* Opens the whole set as a thread will, and closes it. 0 or an errno. */
 static int probe_group(void)
 {
-    struct al_thread_counters c;
+    struct al_thread_counters c = { 0 };
     unsigned failed;
     int e = open_set(&c, &failed);
     close_set(&c, true);
@@ -496,12 +496,16 @@ static int open_ring(struct al_thread_counters *c, bool switches)
 /* Opens every event of the set on this thread into C. 0, or an errno with *FAILED the index
  * of the event that could not be opened (nevents: the ring). Hardware events share one group,
  * led by the first of them, so they are scheduled on the PMU together. */
+/* Sets C's descriptors and mappings (only those: the countdown and state are the caller's). */
 static int open_set(struct al_thread_counters *c, unsigned *failed)
 {
-    memset(c, 0, sizeof *c);
     c->ring_fd = -1;
-    for (unsigned i = 0; i < AL_MAX_EVENTS; i++)
+    c->ring = NULL;
+    for (unsigned i = 0; i < AL_MAX_EVENTS; i++) {
         c->fd[i] = -1;
+        c->page[i] = NULL;
+        c->id[i] = 0;
+    }
     unsigned n = _al_counters.nevents;
     bool ring = false, clock = false;
     for (unsigned i = 0; i < n; i++) {
@@ -553,9 +557,8 @@ static AL_COLD void open_group(struct al_thread_counters *c)
         c->state = -1;
         return;
     }
-    unsigned countdown = c->countdown, failed;
+    unsigned failed;
     int e = open_set(c, &failed);
-    c->countdown = countdown;
     if (e == 0) {
         c->state = 1;
         return;

@@ -1,8 +1,8 @@
 /* profiler/pprof.c: writing a heap profile in pprof's profile.proto format, gzipped, as Go's
  * heap profiles are (sample types alloc_objects/count, alloc_space/bytes, inuse_objects/count,
  * inuse_space/bytes), so `go tool pprof` reads it, after the run. The profile's buffers come
- * from mmap and zlib gets mmap-backed allocation functions; the build ids are read through
- * elfutils, which allocates (the report is written with the thread marked busy). */
+ * from mmap and zlib gets mmap-backed allocation functions; the build ids are read with
+ * libelf, which allocates (the report is written with the thread marked busy). */
 #ifndef ALLOCLENS_PPROF_H
 #define ALLOCLENS_PPROF_H
 

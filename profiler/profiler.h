@@ -712,10 +712,12 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
     unsigned flags = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED);
     if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))
         _al_sample_free(p);
+    if (!(flags & AL_SHADOW_LIVE)) /* no record */
+        return 0;
     struct al_shadow_object o;
     if (AL_UNLIKELY(!t->cls) && !_al_waste_thread_rows(t))
         return 0;
-    if (!_al_shadow_object_end(r, a, (uint8_t)flags, &o)) /* not live: no record */
+    if (!_al_shadow_object_end(r, a, (uint8_t)flags, &o))
         return 0;
     if (AL_UNLIKELY((o.requested >= _al_hot.large_threshold) | o.odd | !_al_waste.has_table))
         return _al_waste_count_free(t, p, &o, undo);
@@ -766,12 +768,10 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, u
                                 uint64_t cycles)
 {
     unsigned reuse = AL_REUSE_NA;
-    if (AL_UNLIKELY(p == NULL))
-        ;
-    else if (AL_LIKELY(_al_hot.records))
-        reuse = _al_waste_alloc(t, p, size, large, op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW);
-    else
-        reuse = _al_mark_alloc(p, large);
+    if (AL_LIKELY(p != NULL))
+        reuse = AL_LIKELY(_al_hot.records)
+                    ? _al_waste_alloc(t, p, size, large, op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW)
+                    : _al_mark_alloc(p, large);
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
     _al_sample_countdown(t, size, p);
     t->busy = 0;

@@ -170,12 +170,12 @@ void _al_shadow_set_sampled(const void *p, bool sampled);
 
 /* ---- usage.c: levels 2 and 3, bytes in use ------------------------------------------------- */
 
-/* The rare case of _al_shadow_own below: cold on its declaration, so that its callers
- * (compiled elsewhere) keep the call out of the hot code. */
-__attribute__((cold)) void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
+/* _al_shadow_own's case of a page with a second owner, and every object of a page or more:
+ * out of line (the inline caller marks the first case unlikely). */
+void _al_shadow_own_slow(struct al_shadow_region *r, uint64_t a, uint64_t n, unsigned tag);
 
 /* Records that the thread with tag TAG (1..255) owns the object of N bytes at A, in A's region
- * R, N under a page (bigger objects go to the slow path, which writes their last line). A page
+ * R, N under a page (bigger objects go to the slow path, which walks every page they cover). A page
  * only that thread has put objects on stands for its lines, so the common case (an object on
  * one or two pages already its thread's) is the load of their page entries and no write; line
  * entries are kept once a second thread comes to the page. */
