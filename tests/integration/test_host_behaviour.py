@@ -54,10 +54,18 @@ def check_sigchld(tap, desc, main, sides):
     """host_signals sigchld: the symbolizer, whose exit would raise SIGCHLD, was not run; the
     report says why its frames have dynamic symbols only."""
     sites = (main or {}).get("sites", {})
-    if sites.get("available") and sites.get("sites"):
-        tap.ok(sites.get("symbols") == "dynamic symbols" and "SIGCHLD" in (sites.get("symbols_reason") or ""),
-               f"{desc}: the report says why its names are dynamic symbols only",
-               f"{sites.get('symbols')}: {sites.get('symbols_reason')}")
+    tap.ok(sites.get("available") and sites.get("sites")
+           and sites.get("symbols") == "dynamic symbols" and "SIGCHLD" in (sites.get("symbols_reason") or ""),
+           f"{desc}: sites sampled (16 MiB at 512 KiB), and the report says why their names are "
+           "dynamic symbols only", f"{sites.get('sites')} sites; {sites.get('symbols')}: {sites.get('symbols_reason')}")
+
+
+def check_closed(tap, desc, main, sides):
+    """host_fds closed: the symbolizer's input and output are not the closed descriptors' numbers."""
+    sites = (main or {}).get("sites", {})
+    tap.ok(sites.get("available") and sites.get("sites") and sites.get("symbols") == "debug information",
+           f"{desc}: sites sampled and named from debug information",
+           f"{sites.get('sites')} sites; {sites.get('symbols')}: {sites.get('symbols_reason')}")
 
 
 def check_inplace(tap, desc, main, sides):
@@ -116,6 +124,7 @@ CASES = [
     case("stderr closed, fd 2 reused for a data file", "host_fds", ["data", "@data"],
          default_text=True),
     case("no descriptors of alloclens left open in the program", "host_fds", ["count"]),
+    case("stdin and stdout closed before exit", "host_fds", ["closed"], check=check_closed),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
     case("a spin lock taken before alloclens started", "host_spin"),
 ]

@@ -157,7 +157,7 @@ static void mark_by(uint64_t a, uint64_t req, unsigned tag)
  * looks back less than a page for records, and finds the rest from the page's bytes in use). */
 START_TEST(big_object_keeps_its_last_line)
 {
-    uint64_t page = 0x7f0001600000ull;
+    uint64_t page = 0x7f0001800000ull;
     struct al_shadow_object o;
     mark_by(page, 8, 5);
     ck_assert(retire((void *)(uintptr_t)page, &o));
@@ -203,7 +203,7 @@ static unsigned level3_pages(struct al_shadow_region *r)
  * with two owners far apart in the region get their lines in one block after another. */
 START_TEST(line_entries_only_where_shared)
 {
-    uint64_t region = 0x7f0002000000ull, base = region + 64 * 4096;
+    uint64_t region = 0x7f0002400000ull, base = region + 64 * 4096;
     for (unsigned i = 0; i < 8; i++)
         mark_by(base + i * 3 * 4096 + 100, 2 * 4096 + 500, 9);
     struct al_shadow_region *r = _al_shadow_region(base);
