@@ -4,6 +4,7 @@
  *            the cycle counter, record the object, count it;
  *   counted_ --mode sample, the thread marked busy: forget a sampled object, make the call,
  *            count it (and sample it);
+ *   sampled_ --mode sample, the call counted already by the export: make it, sample it;
  *   slow_    anything unusual: first call of a thread, a nested call, start-up;
  *   export   finds the thread's state and picks one of the above. It holds --mode sample's
  *            commonest paths itself (malloc-like calls and frees), so that those save no
@@ -220,9 +221,11 @@
     }
 
 /* --mode sample: which malloc-like and free targets may be jumped to with the thread not
- * marked busy, because they never call back into an interposed function. The allocators' own operators may: jemalloc's
- * operator delete calls free through its PLT, which is us. Ours built on the C++ runtime's
- * operator new call back into malloc when the allocator fails. */
+ * marked busy: the allocators' malloc family does not call back into an interposed function on
+ * the way (a call it made would be counted as the program's: the exact-count tests check it,
+ * in --mode sample, under each allocator). Their own operators may: jemalloc's operator delete
+ * calls free through its PLT, which is us; ours built on the C++ runtime's operator new call
+ * back into malloc when the allocator fails. */
 #define AL_TAIL_NEXT 1
 #define AL_TAIL_OWN_OR_PVALLOC 0
 #define AL_TAIL_OWN_OR_FREE 0

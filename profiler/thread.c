@@ -131,6 +131,10 @@ static void thread_exit(void *arg)
     struct al_thread *t = arg;
     exited = true;
     t->busy = 1;
+    /* Before the state can be handed to a new thread, which must not read these fds nor have
+     * its selector read for this one; system calls, so not with the registry's lock held. */
+    _al_counters_thread_close(&t->ctr, false);
+    _al_syscalls_thread_exit();
     lock();
     add_rows(reg.rows, reg.hist, t->rows, t->hist);
     add_extra(&reg.extra, t);
@@ -145,10 +149,6 @@ static void thread_exit(void *arg)
         int before = atomic_fetch_sub_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
         phase_account(before);
     }
-    /* Before the state can be handed to a new thread, which must not read these fds nor
-     * have its selector read for this one. */
-    _al_counters_thread_close(&t->ctr, false);
-    _al_syscalls_thread_exit();
     clear_state(t);
     t->next = reg.spare;
     reg.spare = t;
