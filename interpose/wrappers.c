@@ -15,14 +15,72 @@
 
 #include "interpose.h"
 
+/* A throwing C++ operator new unwinds through these frames when the allocator is out of memory
+ * and no new-handler helps: this file is compiled with -fexceptions, and a guard's cleanup
+ * ends the call as a failed one. Without it the thread would stay busy, with the syscall
+ * selector on "block", and none of its later calls would be counted. Only rows whose target
+ * may throw (AL_THROWS_) have a guard; it is disarmed as soon as the real call returns, so on
+ * the normal path its cleanup folds away. */
+enum al_unwind_stage {
+    AL_UNWIND_NONE,
+    AL_UNWIND_TIMED,   /* inside AL_TIMED_CALL: end the call, record a failed allocation */
+    AL_UNWIND_COUNTED, /* counted_: count a failed allocation */
+    AL_UNWIND_BUSY,    /* counted already: only the busy flag to clear */
+};
+
+struct al_unwind {
+    enum al_unwind_stage stage;
+    struct al_thread *t;
+    unsigned call_op, call_large; /* the call's row, as the wrapper had them */
+    bool counted;                 /* the call's events are being counted */
+    size_t bytes;                 /* the request */
+    uint64_t c0;                  /* the cycle counter before the call */
+};
+
+static AL_COLD void unwound(struct al_unwind *u)
+{
+    struct al_thread *t = u->t;
+    if (u->stage == AL_UNWIND_TIMED) {
+        uint64_t cycles = _al_tsc() - u->c0;
+        _al_call_end(t, u->call_op, u->counted, cycles);
+        _al_record_alloc(t, u->call_op, u->bytes, u->call_large, NULL, cycles);
+    } else if (u->stage == AL_UNWIND_COUNTED) {
+        _al_count_alloc(t, u->call_op, u->bytes, NULL);
+    } else {
+        t->busy = 0;
+    }
+}
+
+static inline void al_unwind_cleanup(struct al_unwind *u)
+{
+    if (AL_UNLIKELY(u->stage != AL_UNWIND_NONE))
+        unwound(u);
+}
+
+#define AL_GUARD(target, ...) AL_GUARD_(AL_THROWS_##target, __VA_ARGS__)
+#define AL_GUARD_(throws, ...) AL_GUARD__(throws, __VA_ARGS__)
+#define AL_GUARD__(throws, ...) AL_GUARD_##throws(__VA_ARGS__)
+#define AL_GUARD_0(...) (void)0
+#define AL_GUARD_1(stage_, ...)                                                        \
+    struct al_unwind guard_ __attribute__((cleanup(al_unwind_cleanup))) = {           \
+        .stage = (stage_), .t = t, __VA_ARGS__ }
+#define AL_DISARM(target) AL_DISARM_(AL_THROWS_##target)
+#define AL_DISARM_(throws) AL_DISARM__(throws)
+#define AL_DISARM__(throws) AL_DISARM_##throws
+#define AL_DISARM_0 (void)0
+#define AL_DISARM_1 (guard_.stage = AL_UNWIND_NONE)
+
 /* The real call CALL, timed: the cycle counter around it; around that, what the SIGSYS handler
  * and the lock wrappers need to know (which op, small or large), the syscall selector, and
  * the 1-in-N event counting. Leaves c0 and c1 for the caller. */
-#define AL_TIMED_CALL(op, large, call)                                                 \
+#define AL_TIMED_CALL(op, large, size, target, call)                                   \
     bool counted_ = _al_call_begin(t, AL_OP_##op, large);                              \
     uint64_t c0 = _al_tsc();                                                           \
+    AL_GUARD(target, AL_UNWIND_TIMED, .call_op = AL_OP_##op, .call_large = (large),    \
+             .counted = counted_, .bytes = (size), .c0 = c0);                          \
     call;                                                                              \
     uint64_t c1 = _al_tsc();                                                           \
+    AL_DISARM(target);                                                                 \
     _al_call_end(t, AL_OP_##op, counted_, c1 - c0)
 
 #define WRAP_ALLOC(op, sym, params, args, size, target)                                \
@@ -30,7 +88,7 @@
     {                                                                                  \
         t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_hot.large_threshold;                                \
-        AL_TIMED_CALL(op, large, void *r = _al_real.sym args);                         \
+        AL_TIMED_CALL(op, large, size, target, void *r = _al_real.sym args);           \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
     }                                                                                  \
@@ -38,7 +96,9 @@
     static AL_NOINLINE void *sampled_##sym(struct al_thread *t, AL_STRIP(params))      \
     {                                                                                  \
         t->busy = 1;                                                                   \
+        AL_GUARD(target, AL_UNWIND_BUSY);                                              \
         void *r = _al_real.sym args;                                                   \
+        AL_DISARM(target);                                                             \
         _al_sample_alloc(t, (size), r);                                                \
         t->busy = 0;                                                                   \
         return r;                                                                      \
@@ -46,7 +106,9 @@
     static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
     {                                                                                  \
         t->busy = 1;                                                                   \
+        AL_GUARD(target, AL_UNWIND_COUNTED, .call_op = AL_OP_##op, .bytes = (size));   \
         void *r = _al_real.sym args;                                                   \
+        AL_DISARM(target);                                                             \
         _al_count_alloc(t, AL_OP_##op, (size), r);                                     \
         return r;                                                                      \
     }                                                                                  \
@@ -71,7 +133,9 @@
         if (AL_TAIL_##target)                                                          \
             return _al_real.sym args;                                                  \
         t->busy = 1;                                                                   \
+        AL_GUARD(target, AL_UNWIND_BUSY);                                              \
         void *r = _al_real.sym args;                                                   \
+        AL_DISARM(target);                                                             \
         t->busy = 0;                                                                   \
         return r;                                                                      \
     }
@@ -89,7 +153,7 @@
         else if (p)                                                                    \
             was_large = _al_mark_free(p);                                              \
         unsigned large = (size) >= _al_hot.large_threshold;                                \
-        AL_TIMED_CALL(op, large, void *r = _al_real.sym args);                         \
+        AL_TIMED_CALL(op, large, size, target, void *r = _al_real.sym args);           \
         /* Failed: the old object is still the program's. */                           \
         if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
             if (had)                                                                   \
@@ -137,7 +201,7 @@
         t->busy = 1;                                                                   \
         unsigned large = !p ? 0 : AL_LIKELY(_al_hot.records) ? _al_waste_free(t, p, NULL) & 1 \
                                                          : _al_mark_free(p);           \
-        AL_TIMED_CALL(op, large, _al_real.sym args);                                   \
+        AL_TIMED_CALL(op, large, 0, target, _al_real.sym args);                        \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \
     static AL_NOINLINE void counted_##sym(struct al_thread *t, AL_STRIP(params))       \
@@ -190,7 +254,7 @@
     {                                                                                  \
         t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_hot.large_threshold;                                \
-        AL_TIMED_CALL(op, large, int rc = _al_real.sym args);                          \
+        AL_TIMED_CALL(op, large, size, target, int rc = _al_real.sym args);            \
         _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
     }                                                                                  \
@@ -232,6 +296,17 @@
 #define AL_TAIL_OWN_NEW 0
 #define AL_TAIL_OWN_NEW_ALIGNED 0
 #define AL_TAIL_OWN_DELETE 0
+
+/* Which targets may throw: the C++ operator new rows (the nothrow ones never do, but share the
+ * target; their guard is disarmed unused). The C functions return errors, and operator
+ * delete is noexcept. */
+#define AL_THROWS_NEXT 0
+#define AL_THROWS_OWN_OR_PVALLOC 0
+#define AL_THROWS_OWN_OR_FREE 0
+#define AL_THROWS_OWN_OR_REALLOCARRAY 0
+#define AL_THROWS_OWN_NEW 1
+#define AL_THROWS_OWN_NEW_ALIGNED 1
+#define AL_THROWS_OWN_DELETE 0
 
 #define AL_ENTRY(kind, op, sym, params, args, size, target) WRAP_##kind(op, sym, params, args, size, target)
 #include "entries.def"

@@ -40,7 +40,8 @@ def case(label, prog, args=(), main_report=True, child_statuses=(),
     main_report: the main process exits normally, so REPORT.json must hold its report.
     child_statuses: exit statuses that other processes' reports (REPORT.<pid>.json) must show,
         one report per entry.
-    check: optional function(tap, desc, main, sides) for checks of its own.
+    check: optional function(tap, desc, main, sides, stdout) for checks of its own (stdout: the
+        profiled run's, bytes).
     default_text: no --text (the human report goes to stderr, as by default), so stderr is not
         compared. An argument "@data" is a file in the run's own directory, whose content must
         be the same in both runs.
@@ -50,7 +51,7 @@ def case(label, prog, args=(), main_report=True, child_statuses=(),
                 default_text=default_text)
 
 
-def check_sigchld(tap, desc, main, sides):
+def check_sigchld(tap, desc, main, sides, stdout):
     """host_signals sigchld: the symbolizer, whose exit would raise SIGCHLD, was not run; the
     report says why its frames have dynamic symbols only."""
     sites = (main or {}).get("sites", {})
@@ -60,7 +61,7 @@ def check_sigchld(tap, desc, main, sides):
            "dynamic symbols only", f"{sites.get('sites')} sites; {sites.get('symbols')}: {sites.get('symbols_reason')}")
 
 
-def check_closed(tap, desc, main, sides):
+def check_closed(tap, desc, main, sides, stdout):
     """host_fds closed: the symbolizer's input and output are not the closed descriptors' numbers."""
     sites = (main or {}).get("sites", {})
     tap.ok(sites.get("available") and sites.get("sites") and sites.get("symbols") == "debug information",
@@ -68,7 +69,7 @@ def check_closed(tap, desc, main, sides):
            f"{sites.get('sites')} sites; {sites.get('symbols')}: {sites.get('symbols_reason')}")
 
 
-def check_inplace(tap, desc, main, sides):
+def check_inplace(tap, desc, main, sides, stdout):
     """host_exec inplace: the pre-exec image wrote a side report; the leaf (same pid, the main
     process) wrote REPORT.json with status 6."""
     argv = (main or {}).get("program", {}).get("argv", [])
@@ -78,6 +79,25 @@ def check_inplace(tap, desc, main, sides):
     tap.ok(len(pre) == 1 and main and pre[0]["program"]["pid"] == main["program"]["pid"],
            f"{desc}: the image replaced by exec wrote REPORT.<pid>.json first",
            f"side reports: {[r['program'].get('argv') for r in sides]}")
+
+
+def check_throw(tap, desc, main, sides, stdout):
+    """host_throw: every failed operator new counted (large, address n/a), and the calls the
+    program makes after the exceptions unwound through the wrappers counted."""
+    line = stdout.decode(errors="replace").strip()
+    if line.startswith("mimalloc"):
+        tap.skip(f"{desc}: failed operator new calls counted", line)
+        return
+    truth = dict(kv.split("=") for kv in line.split())
+    ops = (main or {}).get("ops", [])
+    threw = sum(int(r["count"]) for r in ops if r["op"] == "new" and r["size_class"] == "large")
+    tap.ok(threw == int(truth["threw"]) and all(
+        r["reuse"] == "n/a" for r in ops if r["op"] == "new" and r["size_class"] == "large"),
+           f"{desc}: each failed operator new counted once, large, address n/a",
+           f"program: {line}; report: {threw}")
+    vallocs = sum(int(r["count"]) for r in ops if r["op"] == "valloc")
+    tap.ok(vallocs == int(truth["valloc"]), f"{desc}: every valloc after the exceptions counted",
+           f"program: {truth['valloc']}; report: {vallocs}")
 
 
 CASES = [
@@ -127,6 +147,8 @@ CASES = [
     case("stdin and stdout closed before exit", "host_fds", ["closed"], check=check_closed),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
     case("a spin lock taken before alloclens started", "host_spin"),
+    case("operator new throws bad_alloc, caught; the program goes on", "host_throw",
+         check=check_throw),
 ]
 
 
@@ -287,7 +309,7 @@ def check(tap, alloc, c, plain, prof, ptmp, tmp):
                f"want exit statuses {want}, side reports show {got}\n"
                f"files: {sorted(os.listdir(tmp))}")
     if c["check"]:
-        c["check"](tap, desc, main, sides)
+        c["check"](tap, desc, main, sides, prof.stdout)
 
 
 def main():
