@@ -319,8 +319,9 @@ void _al_settings_load(struct al_settings *s);
 
 struct al_row {
     uint64_t count;  /* calls */
-    uint64_t timed;  /* calls whose cycles are in cycles/hist (all but the first of the process):
-                        not kept per call, but summed from the histogram when collected */
+    uint64_t timed;  /* calls whose cycles are in cycles (all but the first of the process). Per
+                        thread, only those in no histogram (none could be mapped); the others
+                        are summed from the histogram when collected. */
     uint64_t cycles; /* overhead-corrected cycles, summed */
 };
 

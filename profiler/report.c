@@ -142,9 +142,13 @@ void _al_report_row(const struct al_report *r, unsigned i, struct al_row_stats *
     s->phase = _al_phase_name(phase);
     const uint64_t *h = r->hist + (size_t)i * AL_HIST_BUCKETS;
     s->mean = row->timed ? (double)row->cycles / (double)row->timed : 0.0;
-    s->p50 = _al_hist_quantile(h, row->timed, 0.50);
-    s->p99 = _al_hist_quantile(h, row->timed, 0.99);
-    s->p999 = _al_hist_quantile(h, row->timed, 0.999);
+    /* Percentiles of the calls the histogram holds: all timed ones, unless memory ran out. */
+    uint64_t binned = 0;
+    for (unsigned b = 0; b < AL_HIST_BUCKETS; b++)
+        binned += h[b];
+    s->p50 = _al_hist_quantile(h, binned, 0.50);
+    s->p99 = _al_hist_quantile(h, binned, 0.99);
+    s->p999 = _al_hist_quantile(h, binned, 0.999);
 }
 
 static uint64_t total_calls(const struct al_report *r)

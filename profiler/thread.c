@@ -46,24 +46,26 @@ static void unlock(void)
 }
 
 /* Adds SRC's rows and histograms (one array per row, NULL for rows never timed) to DST's
- * (one flat AL_ROWS x AL_HIST_BUCKETS table, or NULL). A row's timed calls are its
- * histogram's total: the hot path keeps no count of its own for them. */
+ * (one flat AL_ROWS x AL_HIST_BUCKETS table, or NULL). A row's `timed` counts only the timed
+ * calls that are in no histogram of its owner (there was no memory for one, see
+ * _al_thread_hist_row); the others are its histogram's total, kept nowhere else. A histogram
+ * that DST has no table for becomes such calls of DST's. */
 static void add_rows(struct al_row *dst, uint64_t *dst_hist, const struct al_row *src, uint64_t *const *src_hist)
 {
     for (unsigned i = 0; i < AL_ROWS; i++) {
         dst[i].count += AL_READ(src[i].count);
         dst[i].cycles += AL_READ(src[i].cycles);
+        dst[i].timed += AL_READ(src[i].timed);
         const uint64_t *s = __atomic_load_n(&src_hist[i], __ATOMIC_ACQUIRE);
-        if (!s) { /* no histogram: the registry's rows without memory for one keep the count */
-            dst[i].timed += AL_READ(src[i].timed);
+        if (!s)
             continue;
-        }
         uint64_t *d = dst_hist ? dst_hist + (size_t)i * AL_HIST_BUCKETS : NULL;
         for (unsigned b = 0; b < AL_HIST_BUCKETS; b++) {
             uint64_t n = AL_READ(s[b]);
-            dst[i].timed += n;
             if (d)
                 d[b] += n;
+            else
+                dst[i].timed += n;
         }
     }
 }
@@ -100,7 +102,7 @@ AL_NOINLINE uint64_t *_al_thread_hist_row(struct al_thread *t, unsigned row)
 {
     static uint64_t overflow[AL_HIST_BUCKETS]; /* out of memory: counted, not attributed */
     uint64_t *h = _al_mem_alloc(ROW_HIST_BYTES);
-    if (!h) { /* the row's timed calls are its histogram's total, where it has one */
+    if (!h) { /* counted as timed but in no histogram; a later call tries again */
         AL_BUMP(t->rows[row].timed, 1);
         return overflow;
     }
@@ -272,6 +274,10 @@ void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_t
         add_rows(rows, hist, t->rows, t->hist);
         add_extra(extra, t);
     }
+    /* The report's rows count every timed call; its histograms hold those they could. */
+    for (unsigned i = 0; hist && i < AL_ROWS; i++)
+        for (unsigned b = 0; b < AL_HIST_BUCKETS; b++)
+            rows[i].timed += hist[(size_t)i * AL_HIST_BUCKETS + b];
     int live = atomic_load_explicit(&_al_hot.live_threads, memory_order_relaxed);
     phase_account(live);
     tot->total = reg.total;

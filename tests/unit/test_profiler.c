@@ -1,13 +1,17 @@
-/* Unit tests of profiler/: histogram buckets and quantiles, the TSC's cost and rate, the
- * options parser and settings (garbage values warned about and defaulted), row indexing,
- * the report buffer's JSON escaping. */
+/* Unit tests of profiler/: histogram buckets and quantiles, timed calls with no memory for
+ * their histogram, the TSC's cost and rate, the options parser and settings (garbage values
+ * warned about and defaulted), row indexing, the report buffer's JSON escaping. */
 #include <check.h>
 
 #include "check_main.h"
 #include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "profiler.h"
 
@@ -80,6 +84,72 @@ START_TEST(hist_quantiles)
     ck_assert_uint_ge(p999, 97000);
     ck_assert_uint_le(p999, 103000);
     free(h);
+}
+END_TEST
+
+/* Times OOM_CALLS calls in ROW with the address space full, so that no histogram can be
+ * mapped for it, then HIST_CALLS more with memory back. */
+#define OOM_CALLS 100
+#define HIST_CALLS 50
+
+static void *timed_without_memory(void *arg)
+{
+    unsigned row = *(const unsigned *)arg;
+    struct al_thread *t = _al_thread_attach();
+    ck_assert_ptr_nonnull(t);
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fscanf(f, "%lu", &pages), 1);
+    fclose(f);
+    struct rlimit old, full;
+    ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+    full = old;
+    full.rlim_cur = pages * (rlim_t)sysconf(_SC_PAGESIZE);
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &full), 0);
+    while (_al_mem_alloc(64)) /* what is left of the profiler's arena */
+        ;
+    for (int i = 0; i < OOM_CALLS; i++)
+        _al_record_row(t, row, 1000);
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+    ck_assert_ptr_null(t->hist[row]);
+    ck_assert_uint_eq(t->rows[row].timed, OOM_CALLS);
+    for (int i = 0; i < HIST_CALLS; i++)
+        _al_record_row(t, row, 1000);
+    ck_assert_ptr_nonnull(t->hist[row]);
+    t->busy = 0;
+    return NULL;
+}
+
+/* A row's timed calls that found no memory for its histogram are counted all the same, in a
+ * thread still running and in one that exited; its percentiles come from those in the
+ * histogram. */
+START_TEST(hist_out_of_memory_still_timed)
+{
+    _al_threads_init();
+    atomic_store(&_al_first.taken, 1);
+    unsigned exited = _al_row_index(AL_OP_MALLOC, 0, AL_REUSE_NEW, AL_PHASE_SERIAL);
+    unsigned live = _al_row_index(AL_OP_FREE, 0, AL_REUSE_NA, AL_PHASE_SERIAL);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, timed_without_memory, &exited), 0);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    timed_without_memory(&live);
+
+    static struct al_row rows[AL_ROWS];
+    static uint64_t hist[AL_ROWS * AL_HIST_BUCKETS];
+    struct al_thread_totals tot;
+    struct al_measure_totals extra;
+    _al_threads_collect(rows, hist, &tot, &extra);
+    unsigned both[] = { exited, live };
+    for (unsigned k = 0; k < 2; k++) {
+        unsigned r = both[k];
+        uint64_t binned = 0;
+        for (unsigned b = 0; b < AL_HIST_BUCKETS; b++)
+            binned += hist[(size_t)r * AL_HIST_BUCKETS + b];
+        ck_assert_uint_eq(rows[r].count, OOM_CALLS + HIST_CALLS);
+        ck_assert_uint_eq(rows[r].timed, OOM_CALLS + HIST_CALLS);
+        ck_assert_uint_eq(binned, HIST_CALLS);
+    }
 }
 END_TEST
 
@@ -220,6 +290,7 @@ int main(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, hist_bucket_bounds);
     tcase_add_test(tc, hist_quantiles);
+    tcase_add_test(tc, hist_out_of_memory_still_timed);
     tcase_add_test(tc, tsc_overhead_plausible);
     tcase_add_test(tc, tsc_rate_calibration);
     tcase_add_test(tc, options_parse_numbers);
