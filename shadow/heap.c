@@ -70,6 +70,23 @@ void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)
     }
 }
 
+size_t _al_shadow_heap_footprint(void)
+{
+    uint32_t n = atomic_load(&nlisted);
+    if (n > LISTED_MAX)
+        n = LISTED_MAX;
+    /* The directory is touched a page at a time: at most one page per slice. */
+    size_t dir = _al_heap_dir ? _al_shadow.dir_entries * sizeof *_al_heap_dir : 0;
+    size_t total = (size_t)n * 4096 < dir ? (size_t)n * 4096 : dir;
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t d = atomic_load(&listed[k]);
+        struct al_heap_slice *s = d ? atomic_load_explicit(&_al_heap_dir[d - 1], memory_order_acquire) : NULL;
+        if (s)
+            total += _al_shadow_resident(s, sizeof *s);
+    }
+    return total;
+}
+
 void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg)
 {
     uint32_t n = atomic_load(&nlisted);

@@ -105,25 +105,36 @@ size_t _al_shadow_mapped(void)
                   atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed));
 }
 
-/* Region records are mostly untouched address space: count what the kernel backs. */
+/* Bytes of [p, p + bytes) the kernel backs; all of them if it cannot tell. */
+size_t _al_shadow_resident(const void *p, size_t bytes)
+{
+    unsigned char vec[64];
+    size_t total = 0;
+    for (size_t off = 0; off < bytes; off += sizeof vec * 4096) {
+        size_t n = bytes - off < sizeof vec * 4096 ? bytes - off : sizeof vec * 4096;
+        if (mincore((char *)p + off, n, vec) < 0) {
+            total += n;
+            continue;
+        }
+        for (size_t k = 0; k < (n + 4095) / 4096; k++)
+            total += (vec[k] & 1) ? 4096 : 0;
+    }
+    return total;
+}
+
+/* Region records and heap slices are mostly untouched address space: count what the kernel
+ * backs. */
 size_t _al_shadow_footprint(void)
 {
-    static unsigned char vec[(sizeof(struct al_shadow_region) + 4095) / 4096];
     uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
-    size_t total = mapped(0, slices);
+    size_t total = mapped(0, slices) + _al_shadow_heap_footprint();
     uint64_t n = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
     if (n > ALL_MAX)
         n = ALL_MAX;
     for (uint64_t i = 0; i < n; i++) {
         struct al_shadow_region *r = atomic_load_explicit(&all[i], memory_order_acquire);
-        if (!r)
-            continue;
-        if (mincore(r, sizeof *r, vec) < 0) {
-            total += sizeof *r;
-            continue;
-        }
-        for (size_t k = 0; k < sizeof vec; k++)
-            total += (vec[k] & 1) ? 4096 : 0;
+        if (r)
+            total += _al_shadow_resident(r, sizeof *r);
     }
     return total;
 }

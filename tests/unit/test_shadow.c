@@ -369,6 +369,17 @@ START_TEST(heap_pages)
 }
 END_TEST
 
+/* The heap's page bits are part of the table's footprint: a page marked in a 4 GiB slice of
+ * its own adds that slice's touched page and a page of the slices' directory. */
+START_TEST(heap_footprint)
+{
+    uint64_t a = 0x7e0000000000ull;
+    size_t before = _al_shadow_footprint();
+    _al_shadow_heap_set(a, a + 4096, true);
+    ck_assert_uint_eq(_al_shadow_footprint(), before + 2 * 4096);
+}
+END_TEST
+
 START_TEST(region_boundaries)
 {
     uint64_t before = atomic_load(&_al_shadow.regions);
@@ -447,6 +458,7 @@ int main(void)
     tcase_add_test(tc, new_big_object_from_pages_back);
     tcase_add_test(tc, line_entries_only_where_shared);
     tcase_add_test(tc, heap_pages);
+    tcase_add_test(tc, heap_footprint);
     tcase_add_test(tc, region_boundaries);
     tcase_add_test(tc, beyond_the_table);
     tcase_add_test(tc, concurrent_records_are_exact);
