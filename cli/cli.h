@@ -23,8 +23,11 @@ int _al_cli_cmd_allocators(int argc, char **argv);
 
 /* run.c */
 int _al_cli_cmd_run(int argc, char **argv);
-int _al_cli_cmd_demo(int argc, char **argv);
 int _al_cli_cmd_options(int argc, char **argv);
+
+/* compare.c: compare, and demo (the bundled workload compared under every allocator) */
+int _al_cli_cmd_compare(int argc, char **argv);
+int _al_cli_cmd_demo(int argc, char **argv);
 
 /* prerun.c */
 int _al_cli_cmd_prerun(int argc, char **argv);

@@ -21,6 +21,8 @@ static void usage(FILE *f)
             "                 run CMD under the profiler; report on stderr at exit\n"
             "  prerun -a ALLOCATOR [-o FILE]\n"
             "                 probe an allocator: style, size classes, large threshold\n"
+            "  compare [-a A,B,...] [-n RUNS] [-o FILE.json] -- CMD [ARGS...]\n"
+            "                 run CMD under each allocator; a side-by-side table of medians\n"
             "  allocators     list the allocators found on this machine (name, path, version)\n"
             "  demo           profile the bundled workload under every allocator found\n"
             "  options        the table of every tunable (environment variable, default, range)\n"
@@ -66,6 +68,8 @@ int main(int argc, char **argv)
         return _al_cli_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "allocators"))
         return _al_cli_cmd_allocators(argc - 1, argv + 1);
+    if (!strcmp(cmd, "compare"))
+        return _al_cli_cmd_compare(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo"))
         return _al_cli_cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "prerun"))

@@ -1,13 +1,11 @@
 /* alloclens run: put liballoclens.so and the chosen allocator in front of a command and
  * exec it in place, so its stdin, stdout, stderr, signals and exit status are its own. The
- * report is written by the library when the program exits. Also alloclens demo. */
+ * report is written by the library when the program exits. */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -206,40 +204,4 @@ int _al_cli_cmd_run(int argc, char **argv)
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0)
         return 2;
     return exec_profiled(&alloc, argv + i);
-}
-
-int _al_cli_cmd_demo(int argc, char **argv)
-{
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("usage: alloclens demo\n\nProfiles the bundled workload (malloc_bench: 4 threads, mixed sizes)\n"
-               "under every allocator found and prints each report.\n");
-        return 0;
-    }
-    char bench[PATH_MAX];
-    if (_al_cli_sibling("../bench/malloc_bench", "malloc_bench", bench, sizeof bench) < 0) {
-        fprintf(stderr, "alloclens: cannot find the demo workload malloc_bench\n");
-        return 2;
-    }
-    char self[PATH_MAX];
-    if (_al_cli_self_exe(self, sizeof self) < 0)
-        return 2;
-    struct al_found_allocator found[AL_MAX_ALLOCATORS];
-    int count = _al_cli_find_allocators(found, AL_MAX_ALLOCATORS);
-    int worst = 0;
-    for (int k = 0; k < count; k++) {
-        fprintf(stderr, "\n######## %s (%s) ########\n", found[k].name, found[k].path);
-        fflush(stderr);
-        pid_t pid = fork();
-        if (pid == 0) {
-            char *args[] = { self, "run", "-a", (char *)found[k].name, "--", bench, NULL };
-            execv(self, args);
-            _exit(127);
-        }
-        int status = 0;
-        if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) {
-            fprintf(stderr, "alloclens: the demo under %s failed\n", found[k].name);
-            worst = 1;
-        }
-    }
-    return worst;
 }

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""alloclens compare: the same workload under several allocators, a table of medians.
+
+usage: test_compare.py EXACT_COUNTS
+
+EXACT_COUNTS (tests/integration/progs/exact_counts.c) makes the same calls on every run under a
+given allocator, so the comparison's call count for each allocator must equal, exactly, the
+total of the ops table of a plain `alloclens run` of the same command, in every run; each
+median must be the median of that allocator's runs; the table and the "switching from" lines
+must show every allocator. Also: CMD's stdin is /dev/null (a command reading it ends), a run
+that writes no report is named on stderr and gives exit status 1, and bad arguments get one
+line on stderr and exit status 2 before anything runs. `alloclens demo` prints a report per
+allocator found and the same table.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import altest
+
+RUNS = 2
+
+
+def compare(args, tmp, timeout=300):
+    return subprocess.run([altest.cli(), "compare", *args], capture_output=True, text=True,
+                          cwd=tmp, timeout=timeout)
+
+
+def total_calls(report):
+    return sum(int(r["count"]) for r in report["ops"])
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    prog = sys.argv[1]
+    tap = altest.Tap()
+    found = altest.allocators()
+    names = [a for a in ("glibc", "jemalloc", "tcmalloc", "mimalloc") if a in found][:3]
+    tap.ok(names, "alloclens allocators finds allocators", "none found")
+    tmp = altest.tmpdir()
+    for a in names:
+        altest.prime(a)
+    cmd = [prog, "--scale", "1", "--threads", "2"]
+    out = os.path.join(tmp, "cmp.json")
+    p = compare(["-a", ",".join(names), "-n", str(RUNS), "-o", out, "--", *cmd], tmp)
+    tap.ok(p.returncode == 0, "compare exits 0 when every run wrote its report",
+           f"status {p.returncode}\nstderr:\n{p.stderr[-2000:]}")
+    try:
+        with open(out) as f:
+            cmp = json.load(f)
+    except (OSError, ValueError) as e:
+        tap.ok(False, "the comparison JSON is written and parses", str(e))
+        tap.done()
+    tap.ok(cmp.get("command") == cmd and cmp.get("runs") == RUNS and cmp.get("baseline") == names[0],
+           "the comparison JSON names the command, the runs and the baseline",
+           json.dumps({k: cmp.get(k) for k in ("command", "runs", "baseline")}))
+    got = [a["name"] for a in cmp.get("allocators", [])]
+    tap.ok(got == names, "one entry per allocator asked for, in order", f"{got} vs {names}")
+
+    for a in cmp.get("allocators", []):
+        name = a["name"]
+        runs = a.get("each_run", [])
+        tap.ok(a.get("runs_with_report") == RUNS and len(runs) == RUNS,
+               f"{name}: every run's figures are there", f"{a.get('runs_with_report')} runs")
+        proc, report = altest.run(name, cmd, tmp, name=f"direct-{name}")
+        if not tap.ok(report is not None, f"{name}: a direct run writes its report",
+                      proc.stderr.decode(errors="replace")[-1000:]):
+            continue
+        want = total_calls(report)
+        calls = [r["calls"] for r in runs]
+        tap.ok(all(c == want for c in calls),
+               f"{name}: calls in every run equal the ops total of a direct run, exactly",
+               f"compare {calls}, direct run {want}")
+        for key in ("calls", "allocator_time_ns", "ns_per_alloc_call", "peak_heap_bytes"):
+            vals = [r[key] for r in runs if r.get(key) is not None]
+            med = a["median"].get(key)
+            tap.ok(vals and med is not None and abs(med - statistics.median(vals)) <= 1e-6 * max(1, abs(med)),
+                   f"{name}: median {key} is the median of its runs", f"{med} vs {vals}")
+        tap.ok(a["median"].get("allocator_time_ns", 0) > 0 and a["median"].get("peak_heap_bytes", 0) > 0,
+               f"{name}: time in the allocator and the heap at peak measured (full mode)",
+               json.dumps(a["median"]))
+
+    lines = p.stdout.splitlines()
+    header = next((l for l in lines if names[0] in l and (len(names) < 2 or names[1] in l)), None)
+    tap.ok(header is not None and any(l.startswith("calls") for l in lines)
+           and any(l.startswith("heap at peak") for l in lines),
+           "the table has a column per allocator and a row per figure", p.stdout[-2000:])
+    if len(names) > 1:
+        switch = [l for l in lines if l.startswith("  to ")]
+        tap.ok(len(switch) == len(names) - 1 and p.stdout.count(f"switching from {names[0]}") == 1,
+               "a 'switching from' line for each other allocator", p.stdout[-1500:])
+
+    # CMD's stdin is /dev/null: a command that reads its input to the end finishes.
+    p = compare(["-a", names[0], "-n", "1", "--", sys.executable, "-c",
+                 "import sys; sys.stdin.read(); print('read-to-end')"], tmp, timeout=60)
+    tap.ok(p.returncode == 0 and "read-to-end" in p.stdout, "CMD's stdin is /dev/null",
+           f"status {p.returncode}\n{p.stdout[-500:]}\n{p.stderr[-500:]}")
+
+    # A run that writes no report (killed) is left out, named on stderr, and the status says so.
+    p = compare(["-a", names[0], "-n", "1", "--", "sh", "-c", "kill -9 $$"], tmp, timeout=60)
+    tap.ok(p.returncode == 1 and "left out" in p.stderr and names[0] in p.stderr,
+           "a run without a report: exit status 1, named on stderr",
+           f"status {p.returncode}\nstderr:\n{p.stderr[-800:]}")
+
+    # Bad arguments: one line on stderr, status 2, nothing run.
+    marker = os.path.join(tmp, "ran")
+    touch = ["--", "sh", "-c", f"touch {marker}"]
+    for args, what in ((["-a", "nosuch"], "nosuch"), (["-n", "0"], "-n"), (["-n", "x"], "-n"),
+                       (["--mode", "fast"], "fast"), (["-o", "/nonexistent/dir/c.json"], "/nonexistent"),
+                       (["--bogus", "1"], "--bogus")):
+        p = compare([*args, *touch], tmp, timeout=60)
+        err = p.stderr.strip().splitlines()
+        tap.ok(p.returncode == 2 and len(err) == 1 and what in err[0] and not os.path.exists(marker),
+               f"compare {' '.join(args)}: one line naming '{what}', status 2, nothing run",
+               f"status {p.returncode}\nstderr:\n{p.stderr}")
+    p = compare(["-a", names[0]], tmp, timeout=60)
+    tap.ok(p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1,
+           "compare with no command: one line, status 2", p.stderr)
+
+    # alloclens demo: the bundled workload under every allocator found, each report on stderr,
+    # then the table. Its calls are the workload's own (it prints them) plus the C library's.
+    p = subprocess.run([altest.cli(), "demo"], capture_output=True, text=True, cwd=tmp, timeout=600)
+    every = [a for a in ("glibc", "jemalloc", "tcmalloc", "mimalloc") if a in found]
+    own = [int(l.split()[0].split("=")[1]) for l in p.stdout.splitlines() if l.startswith("calls=")]
+    row = next((l.split()[1:] for l in p.stdout.splitlines() if l.startswith("calls ")), [])
+    tap.ok(p.returncode == 0 and p.stderr.count("== alloclens report") == len(every)
+           and all(f"######## {a}" in p.stderr for a in every),
+           "demo: exit 0, a report for every allocator found", f"status {p.returncode}\n{p.stderr[-1500:]}")
+    tap.ok(len(own) == len(every) == len(row)
+           and all(int(c) >= o and int(c) - o < 1000 for c, o in zip(row, own)),
+           "demo: the table counts the workload's own calls, plus the C library's few",
+           f"workload says {own}; table row {row}\n{p.stdout[-1500:]}")
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
