@@ -29,6 +29,9 @@ int _al_cli_cmd_options(int argc, char **argv);
 int _al_cli_cmd_compare(int argc, char **argv);
 int _al_cli_cmd_demo(int argc, char **argv);
 
+/* report.c */
+int _al_cli_cmd_report(int argc, char **argv);
+
 /* prerun.c */
 int _al_cli_cmd_prerun(int argc, char **argv);
 /* The config file for a run under ALLOC: given, cached or freshly probed. */

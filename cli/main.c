@@ -23,6 +23,8 @@ static void usage(FILE *f)
             "                 probe an allocator: style, size classes, large threshold\n"
             "  compare [-a A,B,...] [-n RUNS] [-o FILE.json] -- CMD [ARGS...]\n"
             "                 run CMD under each allocator; a side-by-side table of medians\n"
+            "  report REPORT.json [--html OUT.html]\n"
+            "                 render a saved report again, as text or as an HTML page\n"
             "  allocators     list the allocators found on this machine (name, path, version)\n"
             "  demo           profile the bundled workload under every allocator found\n"
             "  options        the table of every tunable (environment variable, default, range)\n"
@@ -70,6 +72,8 @@ int main(int argc, char **argv)
         return _al_cli_cmd_allocators(argc - 1, argv + 1);
     if (!strcmp(cmd, "compare"))
         return _al_cli_cmd_compare(argc - 1, argv + 1);
+    if (!strcmp(cmd, "report"))
+        return _al_cli_cmd_report(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo"))
         return _al_cli_cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "prerun"))

@@ -1,0 +1,506 @@
+/* alloclens report: a saved JSON report rendered again, as text on stdout or as one
+ * self-contained HTML page (no scripts, no external files). Both go through the same few
+ * output calls (title, key-value lines, notes, tables), so the two always show the same
+ * sections: the run, the ops table, memory waste at the peak, the allocator's system calls,
+ * locks, event counts and the sampled allocation sites. A section the report marks
+ * unavailable is shown with its reason. */
+#include <errno.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+#define MAX_COLS 10
+#define TOP_ROWS 15
+
+struct out {
+    FILE *f;
+    bool html;
+    int ncols;
+    int width[MAX_COLS]; /* text tables: column width, negative for left-aligned */
+};
+
+static void esc(struct out *o, const char *s)
+{
+    if (!o->html) {
+        fputs(s, o->f);
+        return;
+    }
+    for (; *s; s++) {
+        switch (*s) {
+        case '<': fputs("&lt;", o->f); break;
+        case '>': fputs("&gt;", o->f); break;
+        case '&': fputs("&amp;", o->f); break;
+        case '"': fputs("&quot;", o->f); break;
+        default: fputc(*s, o->f);
+        }
+    }
+}
+
+static void heading(struct out *o, const char *s)
+{
+    if (o->html) {
+        fputs("<h2>", o->f);
+        esc(o, s);
+        fputs("</h2>\n", o->f);
+    } else {
+        fprintf(o->f, "\n== %s\n", s);
+    }
+}
+
+static void __attribute__((format(printf, 3, 4))) kv(struct out *o, const char *key, const char *fmt, ...)
+{
+    char v[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    if (o->html) {
+        fputs("<tr><th>", o->f);
+        esc(o, key);
+        fputs("</th><td>", o->f);
+        esc(o, v);
+        fputs("</td></tr>\n", o->f);
+    } else {
+        fprintf(o->f, "%-14s %s\n", key, v);
+    }
+}
+
+static void kv_begin(struct out *o)
+{
+    if (o->html)
+        fputs("<table class=\"kv\">\n", o->f);
+}
+
+static void kv_end(struct out *o)
+{
+    if (o->html)
+        fputs("</table>\n", o->f);
+}
+
+static void __attribute__((format(printf, 2, 3))) note(struct out *o, const char *fmt, ...)
+{
+    char v[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    if (o->html) {
+        fputs("<p>", o->f);
+        esc(o, v);
+        fputs("</p>\n", o->f);
+    } else {
+        fprintf(o->f, "%s\n", v);
+    }
+}
+
+/* A table of N columns: HEADS, and each column's text width (negative: left-aligned). */
+static void table(struct out *o, int n, const char *const *heads, const int *width)
+{
+    o->ncols = n;
+    memcpy(o->width, width, (size_t)n * sizeof *width);
+    if (o->html)
+        fputs("<table>\n<tr>", o->f);
+    for (int i = 0; i < n; i++) {
+        if (o->html) {
+            fputs("<th>", o->f);
+            esc(o, heads[i]);
+            fputs("</th>", o->f);
+        } else {
+            fprintf(o->f, "%s%*s", i ? " " : "", width[i], heads[i]);
+        }
+    }
+    fputs(o->html ? "</tr>\n" : "\n", o->f);
+}
+
+static void row(struct out *o, const char *const *cells)
+{
+    if (o->html)
+        fputs("<tr>", o->f);
+    for (int i = 0; i < o->ncols; i++) {
+        if (o->html) {
+            fputs(o->width[i] < 0 ? "<td>" : "<td class=\"n\">", o->f);
+            esc(o, cells[i]);
+            fputs("</td>", o->f);
+        } else {
+            fprintf(o->f, "%s%*s", i ? " " : "", o->width[i], cells[i]);
+        }
+    }
+    fputs(o->html ? "</tr>\n" : "\n", o->f);
+}
+
+static void table_end(struct out *o)
+{
+    if (o->html)
+        fputs("</table>\n", o->f);
+}
+
+/* ---- reading the report ------------------------------------------------------------------ */
+
+static json_object *get(json_object *o, const char *key)
+{
+    json_object *v = NULL;
+    return o && json_object_object_get_ex(o, key, &v) ? v : NULL;
+}
+
+static double num(json_object *o, const char *key)
+{
+    json_object *v = get(o, key);
+    return v ? json_object_get_double(v) : NAN;
+}
+
+static const char *str(json_object *o, const char *key)
+{
+    json_object *v = get(o, key);
+    return v && json_object_get_type(v) == json_type_string ? json_object_get_string(v) : "";
+}
+
+static size_t len(json_object *a)
+{
+    return a && json_object_get_type(a) == json_type_array ? json_object_array_length(a) : 0;
+}
+
+static bool available(json_object *section)
+{
+    return section && json_object_get_boolean(get(section, "available"));
+}
+
+static void fmt_bytes(char *out, size_t cap, double v)
+{
+    if (isnan(v))
+        snprintf(out, cap, "-");
+    else if (fabs(v) >= 1024.0 * 1024 * 1024)
+        snprintf(out, cap, "%.2f GiB", v / (1024.0 * 1024 * 1024));
+    else if (fabs(v) >= 1024.0 * 1024)
+        snprintf(out, cap, "%.2f MiB", v / (1024.0 * 1024));
+    else if (fabs(v) >= 1024)
+        snprintf(out, cap, "%.1f KiB", v / 1024);
+    else
+        snprintf(out, cap, "%.0f B", v);
+}
+
+static void fmt_num(char *out, size_t cap, double v, int decimals)
+{
+    if (isnan(v))
+        snprintf(out, cap, "-");
+    else
+        snprintf(out, cap, "%.*f", decimals, v);
+}
+
+/* ---- sections ---------------------------------------------------------------------------- */
+
+static void run_section(struct out *o, json_object *r)
+{
+    json_object *prog = get(r, "program"), *alloc = get(r, "allocator"), *th = get(r, "threads");
+    char argv[1024] = "";
+    size_t at = 0;
+    json_object *args = get(prog, "argv");
+    for (size_t i = 0; i < len(args) && at < sizeof argv - 1; i++)
+        at += (size_t)snprintf(argv + at, sizeof argv - at, "%s%s", i ? " " : "",
+                               json_object_get_string(json_object_array_get_idx(args, i)));
+    char title[1200];
+    snprintf(title, sizeof title, "alloclens report, pid %.0f: %s", num(prog, "pid"), argv);
+    if (o->html) {
+        fputs("<h1>", o->f);
+        esc(o, title);
+        fputs("</h1>\n", o->f);
+    } else {
+        fprintf(o->f, "== %s\n", title);
+    }
+    kv_begin(o);
+    kv(o, "allocator", "%s %s (%s)", str(alloc, "name"), str(alloc, "version"), str(alloc, "path"));
+    kv(o, "style", "%s; large from %.0f bytes (%s)", str(alloc, "style"), num(alloc, "large_threshold"),
+       str(alloc, "large_threshold_source"));
+    kv(o, "mode", "%s", str(r, "mode"));
+    double runtime = num(prog, "runtime_ns"), in_alloc = num(r, "allocator_time_ns");
+    kv(o, "runtime", "%.3f ms; exit status %.0f", runtime / 1e6, num(prog, "exit_status"));
+    kv(o, "threads", "%.0f in all, at most %.0f at once; serial %.3f ms, parallel %.3f ms",
+       num(th, "total"), num(th, "max_live"), num(th, "serial_ns") / 1e6, num(th, "parallel_ns") / 1e6);
+    if (!isnan(in_alloc))
+        kv(o, "in allocator", "%.3f ms, all threads (%.1f%% of runtime)", in_alloc / 1e6,
+           runtime > 0 ? 100 * in_alloc / runtime : 0);
+    json_object *prof = get(r, "profiler");
+    char mapped[32], shadow[32];
+    fmt_bytes(mapped, sizeof mapped, num(prof, "mapped_bytes"));
+    fmt_bytes(shadow, sizeof shadow, num(prof, "shadow_bytes"));
+    kv(o, "profiler", "%s mapped, %s of it the shadow table", mapped, shadow);
+    kv_end(o);
+}
+
+static void ops_section(struct out *o, json_object *r)
+{
+    heading(o, "Operations");
+    static const char *const heads[] = { "op", "class", "reuse", "phase", "count", "mean ns",
+                                         "p50 ns", "p99 ns", "p99.9 ns" };
+    static const int widths[] = { -14, -7, -7, -9, 12, 10, 10, 10, 10 };
+    table(o, 9, heads, widths);
+    json_object *ops = get(r, "ops");
+    for (size_t i = 0; i < len(ops); i++) {
+        json_object *x = json_object_array_get_idx(ops, i);
+        char c[5][32];
+        fmt_num(c[0], sizeof c[0], num(x, "count"), 0);
+        fmt_num(c[1], sizeof c[1], num(x, "ns_mean"), 1);
+        fmt_num(c[2], sizeof c[2], num(x, "ns_p50"), 1);
+        fmt_num(c[3], sizeof c[3], num(x, "ns_p99"), 1);
+        fmt_num(c[4], sizeof c[4], num(x, "ns_p999"), 1);
+        const char *cells[] = { str(x, "op"), str(x, "size_class"), str(x, "reuse"), str(x, "phase"),
+                                c[0], c[1], c[2], c[3], c[4] };
+        row(o, cells);
+    }
+    table_end(o);
+}
+
+static void state_rows(struct out *o, const char *label, json_object *s)
+{
+    static const char *const keys[] = { "total_bytes", "live_requested_bytes", "internal_fragmentation_bytes",
+                                        "blowup_bytes", "external_fragmentation_bytes", "unbacked_bytes" };
+    char c[6][32];
+    for (int k = 0; k < 6; k++)
+        fmt_bytes(c[k], sizeof c[k], num(s, keys[k]));
+    char objects[32];
+    fmt_num(objects, sizeof objects, num(s, "live_objects"), 0);
+    const char *cells[] = { label, c[0], c[1], c[2], c[3], c[4], c[5], objects };
+    row(o, cells);
+}
+
+static void memory_section(struct out *o, json_object *r)
+{
+    heading(o, "Memory waste");
+    json_object *m = get(r, "memory");
+    if (!available(m)) {
+        note(o, "unavailable: %s", str(m, "reason"));
+        return;
+    }
+    note(o, "heap: %s; %.0f snapshots (every %.0f bytes of growth); size classes: %s", str(m, "heap_source"),
+         num(m, "snapshots"), num(m, "snapshot_step_bytes"), str(m, "size_classes_source"));
+    static const char *const heads[] = { "state", "total", "live", "internal", "blowup", "external",
+                                         "unbacked", "objects" };
+    static const int widths[] = { -6, 12, 12, 12, 12, 12, 12, 10 };
+    table(o, 8, heads, widths);
+    state_rows(o, "peak", get(m, "peak"));
+    state_rows(o, "exit", get(m, "final"));
+    table_end(o);
+    json_object *classes = get(get(m, "peak"), "size_classes");
+    if (!len(classes))
+        return;
+    note(o, "size classes at the peak, most bytes held first:");
+    static const char *const cheads[] = { "size", "objects", "live", "internal", "blowup" };
+    static const int cwidths[] = { 10, 10, 12, 12, 12 };
+    table(o, 5, cheads, cwidths);
+    for (size_t i = 0; i < len(classes) && i < TOP_ROWS; i++) {
+        json_object *x = json_object_array_get_idx(classes, i);
+        char c[4][32];
+        fmt_num(c[0], sizeof c[0], num(x, "live_objects"), 0);
+        fmt_bytes(c[1], sizeof c[1], num(x, "live_requested_bytes"));
+        fmt_bytes(c[2], sizeof c[2], num(x, "internal_fragmentation_bytes"));
+        fmt_bytes(c[3], sizeof c[3], num(x, "blowup_bytes"));
+        const char *cells[] = { json_object_get_string(get(x, "size")), c[0], c[1], c[2], c[3] };
+        row(o, cells);
+    }
+    table_end(o);
+}
+
+static void syscalls_section(struct out *o, json_object *r)
+{
+    heading(o, "The allocator's system calls");
+    json_object *info = get(r, "syscalls_info"), *sys = get(r, "syscalls");
+    if (!available(info)) {
+        note(o, "unavailable: %s", str(info, "reason"));
+        return;
+    }
+    static const char *const heads[] = { "call", "count", "total ns" };
+    static const int widths[] = { -10, 12, 14 };
+    table(o, 3, heads, widths);
+    for (size_t i = 0; i < len(sys); i++) {
+        json_object *x = json_object_array_get_idx(sys, i);
+        char c[2][32];
+        fmt_num(c[0], sizeof c[0], num(x, "count"), 0);
+        fmt_num(c[1], sizeof c[1], num(x, "ns_total"), 0);
+        const char *cells[] = { str(x, "name"), c[0], c[1] };
+        row(o, cells);
+    }
+    table_end(o);
+}
+
+static void locks_section(struct out *o, json_object *r)
+{
+    heading(o, "Locks");
+    json_object *l = get(r, "locks");
+    if (!available(l)) {
+        note(o, "unavailable: %s", str(l, "reason"));
+        return;
+    }
+    note(o, "%s; futex waits: %.0f", str(l, "scope"), num(l, "futex_waits"));
+    json_object *locks = get(l, "locks");
+    if (!len(locks))
+        return;
+    static const char *const heads[] = { "lock", "acquisitions", "contended" };
+    static const int widths[] = { -20, 14, 12 };
+    table(o, 3, heads, widths);
+    for (size_t i = 0; i < len(locks) && i < TOP_ROWS; i++) {
+        json_object *x = json_object_array_get_idx(locks, i);
+        char c[2][32];
+        fmt_num(c[0], sizeof c[0], num(x, "acquisitions"), 0);
+        fmt_num(c[1], sizeof c[1], num(x, "contended"), 0);
+        const char *cells[] = { str(x, "id"), c[0], c[1] };
+        row(o, cells);
+    }
+    table_end(o);
+}
+
+static void counters_section(struct out *o, json_object *r)
+{
+    heading(o, "Events per call");
+    json_object *c = get(r, "counters");
+    if (!available(c)) {
+        note(o, "unavailable: %s", str(c, "reason"));
+        return;
+    }
+    note(o, "%s events, around 1 call in %.0f%s%s", str(c, "source"), num(c, "sample_every"),
+         *str(c, "reason") ? ": " : "", str(c, "reason"));
+    json_object *ops = get(c, "counted_ops"), *events = get(c, "events");
+    const char *heads[MAX_COLS] = { "event" };
+    int widths[MAX_COLS] = { -18 }, n = 1;
+    json_object_object_foreach(ops, op, count)
+    {
+        (void)count;
+        if (n < MAX_COLS) {
+            heads[n] = op;
+            widths[n++] = 12;
+        }
+    }
+    table(o, n, heads, widths);
+    for (size_t i = 0; i < len(events); i++) {
+        json_object *e = json_object_array_get_idx(events, i), *per = get(e, "per_op");
+        char v[MAX_COLS][32];
+        const char *cells[MAX_COLS] = { str(e, "name") };
+        for (int k = 1; k < n; k++) {
+            fmt_num(v[k], sizeof v[k], num(per, heads[k]), 4);
+            cells[k] = v[k];
+        }
+        row(o, cells);
+    }
+    table_end(o);
+}
+
+static void sites_section(struct out *o, json_object *r)
+{
+    heading(o, "Allocation sites");
+    json_object *s = get(r, "sites");
+    if (!available(s)) {
+        note(o, "unavailable: %s", str(s, "reason"));
+        return;
+    }
+    char peak[32];
+    fmt_bytes(peak, sizeof peak, num(s, "live_bytes_at_peak"));
+    note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated); names from %s", num(s, "sample_rate_bytes"),
+         peak, str(s, "symbols"));
+    static const char *const heads[] = { "live at peak", "allocated", "objects", "internal", "where" };
+    static const int widths[] = { 12, 12, 10, 11, -1 };
+    table(o, 5, heads, widths);
+    json_object *top = get(s, "top");
+    for (size_t i = 0; i < len(top) && i < TOP_ROWS; i++) {
+        json_object *x = json_object_array_get_idx(top, i), *stack = get(x, "stack");
+        char c[4][32], where[1024] = "";
+        fmt_bytes(c[0], sizeof c[0], num(x, "live_bytes_at_peak"));
+        fmt_bytes(c[1], sizeof c[1], num(x, "allocated_bytes"));
+        fmt_num(c[2], sizeof c[2], num(x, "allocated_objects"), 0);
+        fmt_bytes(c[3], sizeof c[3], num(x, "internal_fragmentation_bytes"));
+        size_t at = 0;
+        for (size_t k = 0; k < len(stack) && k < 3 && at < sizeof where - 1; k++)
+            at += (size_t)snprintf(where + at, sizeof where - at, "%s%s", k ? " < " : "",
+                                   json_object_get_string(json_object_array_get_idx(stack, k)));
+        const char *cells[] = { c[0], c[1], c[2], c[3], where };
+        row(o, cells);
+    }
+    table_end(o);
+}
+
+static const char html_head[] =
+    "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>alloclens report</title>\n<style>\n"
+    "body{font-family:sans-serif;margin:2em;color:#222}\n"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em}\n"
+    "th,td{border:1px solid #ccc;padding:2px 8px;text-align:left;font-size:90%}\n"
+    "th{background:#eee}\ntd.n{text-align:right;font-family:monospace}\n"
+    "table.kv th{width:9em}\n</style></head><body>\n";
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: alloclens report REPORT.json [--html OUT.html]\n"
+               "\n"
+               "Renders a report that 'alloclens run -o' saved: as text on stdout, or with --html\n"
+               "as one self-contained HTML page (OUT.html, or '-' for stdout).\n");
+}
+
+int _al_cli_cmd_report(int argc, char **argv)
+{
+    const char *in = NULL, *html = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--html")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "alloclens: --html needs a file name\n");
+                return 2;
+            }
+            html = argv[++i];
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens report --help')\n", argv[i]);
+            return 2;
+        } else if (in) {
+            fprintf(stderr, "alloclens: one report at a time ('%s' and '%s')\n", in, argv[i]);
+            return 2;
+        } else {
+            in = argv[i];
+        }
+    }
+    if (!in) {
+        fprintf(stderr, "alloclens: no report given (usage: alloclens report REPORT.json [--html OUT.html])\n");
+        return 2;
+    }
+    json_object *r = json_object_from_file(in);
+    if (!r || json_object_get_type(r) != json_type_object || !get(r, "ops")) {
+        const char *e = r ? "not an alloclens report" : json_util_get_last_err();
+        fprintf(stderr, "alloclens: cannot read %s: %.*s\n", in, (int)strcspn(e ? e : "", "\n"), e ? e : "");
+        json_object_put(r);
+        return 2;
+    }
+    struct out o = { .f = stdout, .html = html != NULL };
+    if (html && strcmp(html, "-")) {
+        o.f = fopen(html, "w");
+        if (!o.f) {
+            fprintf(stderr, "alloclens: cannot write %s: %s\n", html, strerror(errno));
+            json_object_put(r);
+            return 2;
+        }
+    }
+    if (o.html)
+        fputs(html_head, o.f);
+    run_section(&o, r);
+    ops_section(&o, r);
+    memory_section(&o, r);
+    syscalls_section(&o, r);
+    locks_section(&o, r);
+    counters_section(&o, r);
+    sites_section(&o, r);
+    if (o.html)
+        fputs("</body></html>\n", o.f);
+    json_object_put(r);
+    int failed = ferror(o.f);
+    if (o.f != stdout)
+        failed |= fclose(o.f) != 0;
+    else
+        failed |= fflush(o.f) != 0;
+    if (failed) {
+        fprintf(stderr, "alloclens: writing %s failed\n", html && strcmp(html, "-") ? html : "the report");
+        return 1;
+    }
+    return 0;
+}

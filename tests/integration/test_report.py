@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""alloclens report: a saved JSON report rendered again, as text and as HTML.
+
+usage: test_report.py EXACT_COUNTS
+
+A report of EXACT_COUNTS under alloclens (full mode) is rendered both ways: every row of the
+JSON ops table must be in the text and in the HTML page's ops table with its exact count; every
+section is there (or says it is unavailable, with the report's reason, as memory waste does in
+--mode time); the program's arguments are escaped in the HTML; bad input (no file, not JSON, not
+a report, an unwritable --html path, wrong arguments) gets one line on stderr and status 2.
+"""
+import html.parser
+import json
+import os
+import subprocess
+import sys
+
+import altest
+
+SECTIONS = ("Operations", "Memory waste", "The allocator's system calls", "Locks",
+            "Events per call", "Allocation sites")
+
+
+class Tables(html.parser.HTMLParser):
+    """Every table of a page as rows of cell texts; h1 and h2 texts."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.h1, self.h2 = [], [], []
+        self.cell = None
+        self.head = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.cell = ""
+        elif tag in ("h1", "h2"):
+            self.head = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.tables[-1][-1].append(self.cell)
+            self.cell = None
+        elif tag in ("h1", "h2") and self.head is not None:
+            (self.h1 if tag == "h1" else self.h2).append(self.head)
+            self.head = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+        if self.head is not None:
+            self.head += data
+
+
+def report(args, tmp):
+    return subprocess.run([altest.cli(), "report", *args], capture_output=True, text=True, cwd=tmp,
+                          timeout=60)
+
+
+def ops_rows(rep):
+    return {(r["op"], r["size_class"], r["reuse"], r["phase"]): str(r["count"]) for r in rep["ops"]}
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    prog = sys.argv[1]
+    tap = altest.Tap()
+    tmp = altest.tmpdir()
+    odd = '<b>&"x"'
+    proc, rep = altest.run("glibc", [prog, "--scale", "1", "--threads", "2"], tmp, name="full")
+    if not tap.ok(rep is not None, "a full-mode report to render", proc.stderr.decode(errors="replace")[-800:]):
+        tap.done()
+    path = os.path.join(tmp, "full.json")
+    want = ops_rows(rep)
+
+    p = report([path], tmp)
+    tap.ok(p.returncode == 0 and not p.stderr, "report renders as text, exit 0", p.stderr)
+    got = {}
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 5 and (f[0], f[1], f[2], f[3]) in want:
+            got[(f[0], f[1], f[2], f[3])] = f[4]
+    tap.ok(got == want, "text: every ops row with its exact count",
+           f"missing or different: {sorted(set(want.items()) ^ set(got.items()))[:10]}")
+    missing = [s for s in SECTIONS if f"== {s}" not in p.stdout]
+    tap.ok(not missing, "text: every section", f"missing: {missing}")
+    peak = rep["memory"]["peak"]
+    tap.ok(any(l.split()[:1] == ["peak"] and l.split()[-1] == str(peak["live_objects"])
+               for l in p.stdout.splitlines()),
+           "text: the peak's live objects", f"peak {peak['live_objects']}\n{p.stdout[-1500:]}")
+
+    out = os.path.join(tmp, "r.html")
+    p = report([path, "--html", out], tmp)
+    tap.ok(p.returncode == 0 and not p.stdout and os.path.isfile(out), "report --html writes the page, exit 0",
+           p.stderr)
+    page = Tables()
+    with open(out) as f:
+        page.feed(f.read())
+    ops = next((t for t in page.tables if t and t[0][:1] == ["op"]), [])
+    got = {tuple(r[:4]): r[4] for r in ops[1:]}
+    tap.ok(got == want, "html: every ops row with its exact count",
+           f"missing or different: {sorted(set(want.items()) ^ set(got.items()))[:10]}")
+    tap.ok(page.h2 == list(SECTIONS), "html: every section, in order", f"{page.h2}")
+
+    # Escaping: a program argument with markup in it comes out as text.
+    proc, rep2 = altest.run("glibc", [sys.executable, "-c", "pass", odd], tmp, name="odd")
+    p = report([os.path.join(tmp, "odd.json"), "--html", "-"], tmp)
+    page = Tables()
+    page.feed(p.stdout)
+    tap.ok(p.returncode == 0 and page.h1 and page.h1[0].endswith(odd) and odd not in p.stdout,
+           "html: the program's arguments are escaped", f"h1 {page.h1}")
+
+    # A section the report marks unavailable says so, with its reason.
+    proc, rep3 = altest.run("glibc", [prog, "--scale", "0", "--threads", "1"], tmp, name="time",
+                            extra=("--mode", "time"))
+    p = report([os.path.join(tmp, "time.json")], tmp)
+    reason = (rep3 or {}).get("memory", {}).get("reason", "?")
+    tap.ok(p.returncode == 0 and f"unavailable: {reason}" in p.stdout,
+           "text: memory waste in --mode time is unavailable, with the report's reason", p.stdout[-1200:])
+
+    # Bad input: one line, status 2.
+    notjson = os.path.join(tmp, "notjson.json")
+    with open(notjson, "w") as f:
+        f.write("this is not json\n")
+    empty = os.path.join(tmp, "empty.json")
+    with open(empty, "w") as f:
+        f.write("{}\n")
+    for args, what in (([os.path.join(tmp, "missing.json")], "missing.json"), ([notjson], "notjson.json"),
+                       ([empty], "not an alloclens report"), ([path, "--html", "/nonexistent/d/r.html"], "/nonexistent"),
+                       ([], "no report"), ([path, path], "one report"), ([path, "--bogus"], "--bogus"),
+                       ([path, "--html"], "--html")):
+        p = report(args, tmp)
+        err = p.stderr.strip().splitlines()
+        tap.ok(p.returncode == 2 and len(err) == 1 and what in err[0] and not p.stdout,
+               f"report {' '.join(os.path.basename(a) for a in args)}: one line naming '{what}', status 2",
+               f"status {p.returncode}\nstderr:\n{p.stderr}")
+    tap.done()
+
+
+if __name__ == "__main__":
+    main()
