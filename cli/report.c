@@ -194,6 +194,17 @@ static void fmt_num(char *out, size_t cap, double v, int decimals)
 
 /* ---- sections ---------------------------------------------------------------------------- */
 
+/* Starts section TITLE about SEC; false, with the report's reason shown, when the report marks
+ * it unavailable. */
+static bool section(struct out *o, const char *title, json_object *sec)
+{
+    heading(o, title);
+    if (available(sec))
+        return true;
+    note(o, "unavailable: %s", str(sec, "reason"));
+    return false;
+}
+
 static void run_section(struct out *o, json_object *r)
 {
     json_object *prog = get(r, "program"), *alloc = get(r, "allocator"), *th = get(r, "threads");
@@ -270,12 +281,9 @@ static void state_rows(struct out *o, const char *label, json_object *s)
 
 static void memory_section(struct out *o, json_object *r)
 {
-    heading(o, "Memory waste");
     json_object *m = get(r, "memory");
-    if (!available(m)) {
-        note(o, "unavailable: %s", str(m, "reason"));
+    if (!section(o, "Memory waste", m))
         return;
-    }
     note(o, "heap: %s; %.0f snapshots (every %.0f bytes of growth); size classes: %s", str(m, "heap_source"),
          num(m, "snapshots"), num(m, "snapshot_step_bytes"), str(m, "size_classes_source"));
     static const char *const heads[] = { "state", "total", "live", "internal", "blowup", "external",
@@ -305,62 +313,49 @@ static void memory_section(struct out *o, json_object *r)
     table_end(o);
 }
 
-static void syscalls_section(struct out *o, json_object *r)
+/* A table of a name and two counts (KEYS) from the first entries of ARRAY. */
+static void name_counts(struct out *o, json_object *array, const char *const heads[3], const char *const keys[3],
+                        int name_width)
 {
-    heading(o, "The allocator's system calls");
-    json_object *info = get(r, "syscalls_info"), *sys = get(r, "syscalls");
-    if (!available(info)) {
-        note(o, "unavailable: %s", str(info, "reason"));
-        return;
-    }
-    static const char *const heads[] = { "call", "count", "total ns" };
-    static const int widths[] = { -10, 12, 14 };
+    const int widths[] = { -name_width, 14, 14 };
     table(o, 3, heads, widths);
-    for (size_t i = 0; i < len(sys); i++) {
-        json_object *x = json_object_array_get_idx(sys, i);
+    for (size_t i = 0; i < len(array) && i < TOP_ROWS; i++) {
+        json_object *x = json_object_array_get_idx(array, i);
         char c[2][32];
-        fmt_num(c[0], sizeof c[0], num(x, "count"), 0);
-        fmt_num(c[1], sizeof c[1], num(x, "ns_total"), 0);
-        const char *cells[] = { str(x, "name"), c[0], c[1] };
+        fmt_num(c[0], sizeof c[0], num(x, keys[1]), 0);
+        fmt_num(c[1], sizeof c[1], num(x, keys[2]), 0);
+        const char *cells[] = { str(x, keys[0]), c[0], c[1] };
         row(o, cells);
     }
     table_end(o);
+}
+
+static void syscalls_section(struct out *o, json_object *r)
+{
+    if (!section(o, "The allocator's system calls", get(r, "syscalls_info")))
+        return;
+    static const char *const heads[] = { "call", "count", "total ns" };
+    static const char *const keys[] = { "name", "count", "ns_total" };
+    name_counts(o, get(r, "syscalls"), heads, keys, 10);
 }
 
 static void locks_section(struct out *o, json_object *r)
 {
-    heading(o, "Locks");
     json_object *l = get(r, "locks");
-    if (!available(l)) {
-        note(o, "unavailable: %s", str(l, "reason"));
+    if (!section(o, "Locks", l))
         return;
-    }
     note(o, "%s; futex waits: %.0f", str(l, "scope"), num(l, "futex_waits"));
-    json_object *locks = get(l, "locks");
-    if (!len(locks))
-        return;
     static const char *const heads[] = { "lock", "acquisitions", "contended" };
-    static const int widths[] = { -20, 14, 12 };
-    table(o, 3, heads, widths);
-    for (size_t i = 0; i < len(locks) && i < TOP_ROWS; i++) {
-        json_object *x = json_object_array_get_idx(locks, i);
-        char c[2][32];
-        fmt_num(c[0], sizeof c[0], num(x, "acquisitions"), 0);
-        fmt_num(c[1], sizeof c[1], num(x, "contended"), 0);
-        const char *cells[] = { str(x, "id"), c[0], c[1] };
-        row(o, cells);
-    }
-    table_end(o);
+    static const char *const keys[] = { "id", "acquisitions", "contended" };
+    if (len(get(l, "locks")))
+        name_counts(o, get(l, "locks"), heads, keys, 20);
 }
 
 static void counters_section(struct out *o, json_object *r)
 {
-    heading(o, "Events per call");
     json_object *c = get(r, "counters");
-    if (!available(c)) {
-        note(o, "unavailable: %s", str(c, "reason"));
+    if (!section(o, "Events per call", c))
         return;
-    }
     note(o, "%s events, around 1 call in %.0f%s%s", str(c, "source"), num(c, "sample_every"),
          *str(c, "reason") ? ": " : "", str(c, "reason"));
     json_object *ops = get(c, "counted_ops"), *events = get(c, "events");
@@ -390,12 +385,9 @@ static void counters_section(struct out *o, json_object *r)
 
 static void sites_section(struct out *o, json_object *r)
 {
-    heading(o, "Allocation sites");
     json_object *s = get(r, "sites");
-    if (!available(s)) {
-        note(o, "unavailable: %s", str(s, "reason"));
+    if (!section(o, "Allocation sites", s))
         return;
-    }
     char peak[32];
     fmt_bytes(peak, sizeof peak, num(s, "live_bytes_at_peak"));
     note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated); names from %s", num(s, "sample_rate_bytes"),
