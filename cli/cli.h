@@ -32,6 +32,16 @@ int _al_cli_cmd_demo(int argc, char **argv);
 /* report.c */
 int _al_cli_cmd_report(int argc, char **argv);
 
+/* report_read.c: a saved report's fields (NULL, NAN, "" or 0 where it has none), and bytes as
+ * both commands write them ("-" for none). */
+struct json_object;
+struct json_object *_al_cli_get(struct json_object *o, const char *key);
+double _al_cli_num(struct json_object *o, const char *key);
+const char *_al_cli_str(struct json_object *o, const char *key);
+size_t _al_cli_len(struct json_object *array);
+bool _al_cli_available(struct json_object *section);
+void _al_cli_bytes(char *out, size_t cap, double v);
+
 /* prerun.c */
 int _al_cli_cmd_prerun(int argc, char **argv);
 /* The config file for a run under ALLOC: given, cached or freshly probed. */

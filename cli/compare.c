@@ -91,20 +91,6 @@ static void usage(FILE *f)
             MAX_RUNS);
 }
 
-static double num(json_object *o, const char *key)
-{
-    json_object *v;
-    if (!o || !json_object_object_get_ex(o, key, &v) || !v)
-        return NAN;
-    return json_object_get_double(v);
-}
-
-static json_object *field(json_object *o, const char *key)
-{
-    json_object *v = NULL;
-    return o && json_object_object_get_ex(o, key, &v) ? v : NULL;
-}
-
 /* One report's figures; false when it cannot be read. */
 static bool read_report(const char *path, double m[M_N], char *why, size_t cap)
 {
@@ -117,38 +103,38 @@ static bool read_report(const char *path, double m[M_N], char *why, size_t cap)
     for (int k = 0; k < M_N; k++)
         m[k] = NAN;
     double calls = 0, timed[2] = { 0, 0 }, cycles[2] = { 0, 0 };
-    json_object *ops = field(r, "ops");
-    for (size_t i = 0; ops && i < json_object_array_length(ops); i++) {
+    json_object *ops = _al_cli_get(r, "ops");
+    for (size_t i = 0; i < _al_cli_len(ops); i++) {
         json_object *row = json_object_array_get_idx(ops, i);
-        const char *op = json_object_get_string(field(row, "op"));
-        int frees = op && (!strcmp(op, "free") || !strcmp(op, "delete"));
-        calls += num(row, "count");
-        timed[frees] += num(row, "timed");
-        cycles[frees] += num(row, "cycles_total");
+        const char *op = _al_cli_str(row, "op");
+        int frees = !strcmp(op, "free") || !strcmp(op, "delete");
+        calls += _al_cli_num(row, "count");
+        timed[frees] += _al_cli_num(row, "timed");
+        cycles[frees] += _al_cli_num(row, "cycles_total");
     }
     m[M_CALLS] = calls;
-    double per_ns = num(field(r, "timing"), "cycles_per_ns");
+    double per_ns = _al_cli_num(_al_cli_get(r, "timing"), "cycles_per_ns");
     for (int k = 0; k < 2; k++)
         if (timed[k] > 0 && per_ns > 0)
             m[k ? M_NS_FREE_CALL : M_NS_ALLOC_CALL] = cycles[k] / timed[k] / per_ns;
-    m[M_ALLOC_NS] = num(r, "allocator_time_ns");
-    m[M_RUNTIME_NS] = num(field(r, "program"), "runtime_ns");
+    m[M_ALLOC_NS] = _al_cli_num(r, "allocator_time_ns");
+    m[M_RUNTIME_NS] = _al_cli_num(_al_cli_get(r, "program"), "runtime_ns");
     if (m[M_RUNTIME_NS] > 0 && m[M_ALLOC_NS] >= 0)
         m[M_ALLOC_SHARE] = 100.0 * m[M_ALLOC_NS] / m[M_RUNTIME_NS];
-    json_object *mem = field(r, "memory");
-    if (json_object_get_boolean(field(mem, "available"))) {
-        json_object *peak = field(mem, "peak");
-        m[M_HEAP] = num(peak, "total_bytes");
-        m[M_REQUESTED] = num(peak, "live_requested_bytes");
-        m[M_INTERNAL] = num(peak, "internal_fragmentation_bytes");
-        m[M_BLOWUP] = num(peak, "blowup_bytes");
-        m[M_EXTERNAL] = num(peak, "external_fragmentation_bytes");
+    json_object *mem = _al_cli_get(r, "memory");
+    if (_al_cli_available(mem)) {
+        json_object *peak = _al_cli_get(mem, "peak");
+        m[M_HEAP] = _al_cli_num(peak, "total_bytes");
+        m[M_REQUESTED] = _al_cli_num(peak, "live_requested_bytes");
+        m[M_INTERNAL] = _al_cli_num(peak, "internal_fragmentation_bytes");
+        m[M_BLOWUP] = _al_cli_num(peak, "blowup_bytes");
+        m[M_EXTERNAL] = _al_cli_num(peak, "external_fragmentation_bytes");
     }
-    json_object *sys = field(r, "syscalls");
+    json_object *sys = _al_cli_get(r, "syscalls");
     if (sys && json_object_get_type(sys) == json_type_array) {
         double n = 0;
-        for (size_t i = 0; i < json_object_array_length(sys); i++)
-            n += num(json_object_array_get_idx(sys, i), "count");
+        for (size_t i = 0; i < _al_cli_len(sys); i++)
+            n += _al_cli_num(json_object_array_get_idx(sys, i), "count");
         m[M_SYSCALLS] = n;
     }
     json_object_put(r);
@@ -198,15 +184,7 @@ static void format(char *out, size_t cap, double v, char unit)
         else
             snprintf(out, cap, "%.1f ns", v);
     } else {
-        double a = fabs(v);
-        if (a >= 1024.0 * 1024 * 1024)
-            snprintf(out, cap, "%.2f GiB", v / (1024.0 * 1024 * 1024));
-        else if (a >= 1024.0 * 1024)
-            snprintf(out, cap, "%.1f MiB", v / (1024.0 * 1024));
-        else if (a >= 1024)
-            snprintf(out, cap, "%.1f KiB", v / 1024);
-        else
-            snprintf(out, cap, "%.0f B", v);
+        _al_cli_bytes(out, cap, v);
     }
 }
 

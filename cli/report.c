@@ -25,12 +25,10 @@ struct out {
     int width[MAX_COLS]; /* text tables: column width, negative for left-aligned */
 };
 
-static void esc(struct out *o, const char *s)
+/* S escaped between two pieces of HTML; the callers write the text form themselves. */
+static void element(struct out *o, const char *open, const char *s, const char *close)
 {
-    if (!o->html) {
-        fputs(s, o->f);
-        return;
-    }
+    fputs(open, o->f);
     for (; *s; s++) {
         switch (*s) {
         case '<': fputs("&lt;", o->f); break;
@@ -40,32 +38,33 @@ static void esc(struct out *o, const char *s)
         default: fputc(*s, o->f);
         }
     }
+    fputs(close, o->f);
 }
 
 static void heading(struct out *o, const char *s)
 {
-    if (o->html) {
-        fputs("<h2>", o->f);
-        esc(o, s);
-        fputs("</h2>\n", o->f);
-    } else {
+    if (o->html)
+        element(o, "<h2>", s, "</h2>\n");
+    else
         fprintf(o->f, "\n== %s\n", s);
-    }
 }
+
+/* The printf-style arguments after FMT, into the array BUF. */
+#define FORMAT(buf, fmt)                          \
+    do {                                          \
+        va_list ap_;                              \
+        va_start(ap_, fmt);                       \
+        vsnprintf(buf, sizeof buf, fmt, ap_);     \
+        va_end(ap_);                              \
+    } while (0)
 
 static void __attribute__((format(printf, 3, 4))) kv(struct out *o, const char *key, const char *fmt, ...)
 {
     char v[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v, sizeof v, fmt, ap);
-    va_end(ap);
+    FORMAT(v, fmt);
     if (o->html) {
-        fputs("<tr><th>", o->f);
-        esc(o, key);
-        fputs("</th><td>", o->f);
-        esc(o, v);
-        fputs("</td></tr>\n", o->f);
+        element(o, "<tr><th>", key, "</th>");
+        element(o, "<td>", v, "</td></tr>\n");
     } else {
         fprintf(o->f, "%-14s %s\n", key, v);
     }
@@ -86,17 +85,11 @@ static void kv_end(struct out *o)
 static void __attribute__((format(printf, 2, 3))) note(struct out *o, const char *fmt, ...)
 {
     char v[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v, sizeof v, fmt, ap);
-    va_end(ap);
-    if (o->html) {
-        fputs("<p>", o->f);
-        esc(o, v);
-        fputs("</p>\n", o->f);
-    } else {
+    FORMAT(v, fmt);
+    if (o->html)
+        element(o, "<p>", v, "</p>\n");
+    else
         fprintf(o->f, "%s\n", v);
-    }
 }
 
 /* A table of N columns: HEADS, and each column's text width (negative: left-aligned). */
@@ -107,13 +100,10 @@ static void table(struct out *o, int n, const char *const *heads, const int *wid
     if (o->html)
         fputs("<table>\n<tr>", o->f);
     for (int i = 0; i < n; i++) {
-        if (o->html) {
-            fputs("<th>", o->f);
-            esc(o, heads[i]);
-            fputs("</th>", o->f);
-        } else {
+        if (o->html)
+            element(o, "<th>", heads[i], "</th>");
+        else
             fprintf(o->f, "%s%*s", i ? " " : "", width[i], heads[i]);
-        }
     }
     fputs(o->html ? "</tr>\n" : "\n", o->f);
 }
@@ -123,13 +113,10 @@ static void row(struct out *o, const char *const *cells)
     if (o->html)
         fputs("<tr>", o->f);
     for (int i = 0; i < o->ncols; i++) {
-        if (o->html) {
-            fputs(o->width[i] < 0 ? "<td>" : "<td class=\"n\">", o->f);
-            esc(o, cells[i]);
-            fputs("</td>", o->f);
-        } else {
+        if (o->html)
+            element(o, o->width[i] < 0 ? "<td>" : "<td class=\"n\">", cells[i], "</td>");
+        else
             fprintf(o->f, "%s%*s", i ? " " : "", o->width[i], cells[i]);
-        }
     }
     fputs(o->html ? "</tr>\n" : "\n", o->f);
 }
@@ -141,48 +128,6 @@ static void table_end(struct out *o)
 }
 
 /* ---- reading the report ------------------------------------------------------------------ */
-
-static json_object *get(json_object *o, const char *key)
-{
-    json_object *v = NULL;
-    return o && json_object_object_get_ex(o, key, &v) ? v : NULL;
-}
-
-static double num(json_object *o, const char *key)
-{
-    json_object *v = get(o, key);
-    return v ? json_object_get_double(v) : NAN;
-}
-
-static const char *str(json_object *o, const char *key)
-{
-    json_object *v = get(o, key);
-    return v && json_object_get_type(v) == json_type_string ? json_object_get_string(v) : "";
-}
-
-static size_t len(json_object *a)
-{
-    return a && json_object_get_type(a) == json_type_array ? json_object_array_length(a) : 0;
-}
-
-static bool available(json_object *section)
-{
-    return section && json_object_get_boolean(get(section, "available"));
-}
-
-static void fmt_bytes(char *out, size_t cap, double v)
-{
-    if (isnan(v))
-        snprintf(out, cap, "-");
-    else if (fabs(v) >= 1024.0 * 1024 * 1024)
-        snprintf(out, cap, "%.2f GiB", v / (1024.0 * 1024 * 1024));
-    else if (fabs(v) >= 1024.0 * 1024)
-        snprintf(out, cap, "%.2f MiB", v / (1024.0 * 1024));
-    else if (fabs(v) >= 1024)
-        snprintf(out, cap, "%.1f KiB", v / 1024);
-    else
-        snprintf(out, cap, "%.0f B", v);
-}
 
 static void fmt_num(char *out, size_t cap, double v, int decimals)
 {
@@ -199,46 +144,47 @@ static void fmt_num(char *out, size_t cap, double v, int decimals)
 static bool section(struct out *o, const char *title, json_object *sec)
 {
     heading(o, title);
-    if (available(sec))
+    if (_al_cli_available(sec))
         return true;
-    note(o, "unavailable: %s", str(sec, "reason"));
+    note(o, "unavailable: %s", _al_cli_str(sec, "reason"));
     return false;
 }
 
 static void run_section(struct out *o, json_object *r)
 {
-    json_object *prog = get(r, "program"), *alloc = get(r, "allocator"), *th = get(r, "threads");
+    json_object *prog = _al_cli_get(r, "program"), *alloc = _al_cli_get(r, "allocator");
+    json_object *th = _al_cli_get(r, "threads");
     char argv[1024] = "";
     size_t at = 0;
-    json_object *args = get(prog, "argv");
-    for (size_t i = 0; i < len(args) && at < sizeof argv - 1; i++)
+    json_object *args = _al_cli_get(prog, "argv");
+    for (size_t i = 0; i < _al_cli_len(args) && at < sizeof argv - 1; i++)
         at += (size_t)snprintf(argv + at, sizeof argv - at, "%s%s", i ? " " : "",
                                json_object_get_string(json_object_array_get_idx(args, i)));
     char title[1200];
-    snprintf(title, sizeof title, "alloclens report, pid %.0f: %s", num(prog, "pid"), argv);
-    if (o->html) {
-        fputs("<h1>", o->f);
-        esc(o, title);
-        fputs("</h1>\n", o->f);
-    } else {
+    snprintf(title, sizeof title, "alloclens report, pid %.0f: %s", _al_cli_num(prog, "pid"), argv);
+    if (o->html)
+        element(o, "<h1>", title, "</h1>\n");
+    else
         fprintf(o->f, "== %s\n", title);
-    }
     kv_begin(o);
-    kv(o, "allocator", "%s %s (%s)", str(alloc, "name"), str(alloc, "version"), str(alloc, "path"));
-    kv(o, "style", "%s; large from %.0f bytes (%s)", str(alloc, "style"), num(alloc, "large_threshold"),
-       str(alloc, "large_threshold_source"));
-    kv(o, "mode", "%s", str(r, "mode"));
-    double runtime = num(prog, "runtime_ns"), in_alloc = num(r, "allocator_time_ns");
-    kv(o, "runtime", "%.3f ms; exit status %.0f", runtime / 1e6, num(prog, "exit_status"));
+    kv(o, "allocator", "%s %s (%s)", _al_cli_str(alloc, "name"), _al_cli_str(alloc, "version"),
+       _al_cli_str(alloc, "path"));
+    kv(o, "style", "%s; large from %.0f bytes (%s)", _al_cli_str(alloc, "style"),
+       _al_cli_num(alloc, "large_threshold"),
+       _al_cli_str(alloc, "large_threshold_source"));
+    kv(o, "mode", "%s", _al_cli_str(r, "mode"));
+    double runtime = _al_cli_num(prog, "runtime_ns"), in_alloc = _al_cli_num(r, "allocator_time_ns");
+    kv(o, "runtime", "%.3f ms; exit status %.0f", runtime / 1e6, _al_cli_num(prog, "exit_status"));
     kv(o, "threads", "%.0f in all, at most %.0f at once; serial %.3f ms, parallel %.3f ms",
-       num(th, "total"), num(th, "max_live"), num(th, "serial_ns") / 1e6, num(th, "parallel_ns") / 1e6);
+       _al_cli_num(th, "total"), _al_cli_num(th, "max_live"), _al_cli_num(th, "serial_ns") / 1e6,
+       _al_cli_num(th, "parallel_ns") / 1e6);
     if (!isnan(in_alloc))
         kv(o, "in allocator", "%.3f ms, all threads (%.1f%% of runtime)", in_alloc / 1e6,
            runtime > 0 ? 100 * in_alloc / runtime : 0);
-    json_object *prof = get(r, "profiler");
+    json_object *prof = _al_cli_get(r, "profiler");
     char mapped[32], shadow[32];
-    fmt_bytes(mapped, sizeof mapped, num(prof, "mapped_bytes"));
-    fmt_bytes(shadow, sizeof shadow, num(prof, "shadow_bytes"));
+    _al_cli_bytes(mapped, sizeof mapped, _al_cli_num(prof, "mapped_bytes"));
+    _al_cli_bytes(shadow, sizeof shadow, _al_cli_num(prof, "shadow_bytes"));
     kv(o, "profiler", "%s mapped, %s of it the shadow table", mapped, shadow);
     kv_end(o);
 }
@@ -250,17 +196,17 @@ static void ops_section(struct out *o, json_object *r)
                                          "p50 ns", "p99 ns", "p99.9 ns" };
     static const int widths[] = { -14, -7, -7, -9, 12, 10, 10, 10, 10 };
     table(o, 9, heads, widths);
-    json_object *ops = get(r, "ops");
-    for (size_t i = 0; i < len(ops); i++) {
+    json_object *ops = _al_cli_get(r, "ops");
+    for (size_t i = 0; i < _al_cli_len(ops); i++) {
         json_object *x = json_object_array_get_idx(ops, i);
         char c[5][32];
-        fmt_num(c[0], sizeof c[0], num(x, "count"), 0);
-        fmt_num(c[1], sizeof c[1], num(x, "ns_mean"), 1);
-        fmt_num(c[2], sizeof c[2], num(x, "ns_p50"), 1);
-        fmt_num(c[3], sizeof c[3], num(x, "ns_p99"), 1);
-        fmt_num(c[4], sizeof c[4], num(x, "ns_p999"), 1);
-        const char *cells[] = { str(x, "op"), str(x, "size_class"), str(x, "reuse"), str(x, "phase"),
-                                c[0], c[1], c[2], c[3], c[4] };
+        fmt_num(c[0], sizeof c[0], _al_cli_num(x, "count"), 0);
+        fmt_num(c[1], sizeof c[1], _al_cli_num(x, "ns_mean"), 1);
+        fmt_num(c[2], sizeof c[2], _al_cli_num(x, "ns_p50"), 1);
+        fmt_num(c[3], sizeof c[3], _al_cli_num(x, "ns_p99"), 1);
+        fmt_num(c[4], sizeof c[4], _al_cli_num(x, "ns_p999"), 1);
+        const char *cells[] = { _al_cli_str(x, "op"), _al_cli_str(x, "size_class"), _al_cli_str(x, "reuse"),
+                                _al_cli_str(x, "phase"), c[0], c[1], c[2], c[3], c[4] };
         row(o, cells);
     }
     table_end(o);
@@ -272,42 +218,43 @@ static void state_rows(struct out *o, const char *label, json_object *s)
                                         "blowup_bytes", "external_fragmentation_bytes", "unbacked_bytes" };
     char c[6][32];
     for (int k = 0; k < 6; k++)
-        fmt_bytes(c[k], sizeof c[k], num(s, keys[k]));
+        _al_cli_bytes(c[k], sizeof c[k], _al_cli_num(s, keys[k]));
     char objects[32];
-    fmt_num(objects, sizeof objects, num(s, "live_objects"), 0);
+    fmt_num(objects, sizeof objects, _al_cli_num(s, "live_objects"), 0);
     const char *cells[] = { label, c[0], c[1], c[2], c[3], c[4], c[5], objects };
     row(o, cells);
 }
 
 static void memory_section(struct out *o, json_object *r)
 {
-    json_object *m = get(r, "memory");
+    json_object *m = _al_cli_get(r, "memory");
     if (!section(o, "Memory waste", m))
         return;
-    note(o, "heap: %s; %.0f snapshots (every %.0f bytes of growth); size classes: %s", str(m, "heap_source"),
-         num(m, "snapshots"), num(m, "snapshot_step_bytes"), str(m, "size_classes_source"));
+    note(o, "heap: %s; %.0f snapshots (every %.0f bytes of growth); size classes: %s",
+         _al_cli_str(m, "heap_source"), _al_cli_num(m, "snapshots"), _al_cli_num(m, "snapshot_step_bytes"),
+         _al_cli_str(m, "size_classes_source"));
     static const char *const heads[] = { "state", "total", "live", "internal", "blowup", "external",
                                          "unbacked", "objects" };
     static const int widths[] = { -6, 12, 12, 12, 12, 12, 12, 10 };
     table(o, 8, heads, widths);
-    state_rows(o, "peak", get(m, "peak"));
-    state_rows(o, "exit", get(m, "final"));
+    state_rows(o, "peak", _al_cli_get(m, "peak"));
+    state_rows(o, "exit", _al_cli_get(m, "final"));
     table_end(o);
-    json_object *classes = get(get(m, "peak"), "size_classes");
-    if (!len(classes))
+    json_object *classes = _al_cli_get(_al_cli_get(m, "peak"), "size_classes");
+    if (!_al_cli_len(classes))
         return;
     note(o, "size classes at the peak, most bytes held first:");
     static const char *const cheads[] = { "size", "objects", "live", "internal", "blowup" };
     static const int cwidths[] = { 10, 10, 12, 12, 12 };
     table(o, 5, cheads, cwidths);
-    for (size_t i = 0; i < len(classes) && i < TOP_ROWS; i++) {
+    for (size_t i = 0; i < _al_cli_len(classes) && i < TOP_ROWS; i++) {
         json_object *x = json_object_array_get_idx(classes, i);
         char c[4][32];
-        fmt_num(c[0], sizeof c[0], num(x, "live_objects"), 0);
-        fmt_bytes(c[1], sizeof c[1], num(x, "live_requested_bytes"));
-        fmt_bytes(c[2], sizeof c[2], num(x, "internal_fragmentation_bytes"));
-        fmt_bytes(c[3], sizeof c[3], num(x, "blowup_bytes"));
-        const char *cells[] = { json_object_get_string(get(x, "size")), c[0], c[1], c[2], c[3] };
+        fmt_num(c[0], sizeof c[0], _al_cli_num(x, "live_objects"), 0);
+        _al_cli_bytes(c[1], sizeof c[1], _al_cli_num(x, "live_requested_bytes"));
+        _al_cli_bytes(c[2], sizeof c[2], _al_cli_num(x, "internal_fragmentation_bytes"));
+        _al_cli_bytes(c[3], sizeof c[3], _al_cli_num(x, "blowup_bytes"));
+        const char *cells[] = { json_object_get_string(_al_cli_get(x, "size")), c[0], c[1], c[2], c[3] };
         row(o, cells);
     }
     table_end(o);
@@ -319,12 +266,12 @@ static void name_counts(struct out *o, json_object *array, const char *const hea
 {
     const int widths[] = { -name_width, 14, 14 };
     table(o, 3, heads, widths);
-    for (size_t i = 0; i < len(array) && i < TOP_ROWS; i++) {
+    for (size_t i = 0; i < _al_cli_len(array) && i < TOP_ROWS; i++) {
         json_object *x = json_object_array_get_idx(array, i);
         char c[2][32];
-        fmt_num(c[0], sizeof c[0], num(x, keys[1]), 0);
-        fmt_num(c[1], sizeof c[1], num(x, keys[2]), 0);
-        const char *cells[] = { str(x, keys[0]), c[0], c[1] };
+        fmt_num(c[0], sizeof c[0], _al_cli_num(x, keys[1]), 0);
+        fmt_num(c[1], sizeof c[1], _al_cli_num(x, keys[2]), 0);
+        const char *cells[] = { _al_cli_str(x, keys[0]), c[0], c[1] };
         row(o, cells);
     }
     table_end(o);
@@ -332,33 +279,33 @@ static void name_counts(struct out *o, json_object *array, const char *const hea
 
 static void syscalls_section(struct out *o, json_object *r)
 {
-    if (!section(o, "The allocator's system calls", get(r, "syscalls_info")))
+    if (!section(o, "The allocator's system calls", _al_cli_get(r, "syscalls_info")))
         return;
     static const char *const heads[] = { "call", "count", "total ns" };
     static const char *const keys[] = { "name", "count", "ns_total" };
-    name_counts(o, get(r, "syscalls"), heads, keys, 10);
+    name_counts(o, _al_cli_get(r, "syscalls"), heads, keys, 10);
 }
 
 static void locks_section(struct out *o, json_object *r)
 {
-    json_object *l = get(r, "locks");
+    json_object *l = _al_cli_get(r, "locks");
     if (!section(o, "Locks", l))
         return;
-    note(o, "%s; futex waits: %.0f", str(l, "scope"), num(l, "futex_waits"));
+    note(o, "%s; futex waits: %.0f", _al_cli_str(l, "scope"), _al_cli_num(l, "futex_waits"));
     static const char *const heads[] = { "lock", "acquisitions", "contended" };
     static const char *const keys[] = { "id", "acquisitions", "contended" };
-    if (len(get(l, "locks")))
-        name_counts(o, get(l, "locks"), heads, keys, 20);
+    if (_al_cli_len(_al_cli_get(l, "locks")))
+        name_counts(o, _al_cli_get(l, "locks"), heads, keys, 20);
 }
 
 static void counters_section(struct out *o, json_object *r)
 {
-    json_object *c = get(r, "counters");
+    json_object *c = _al_cli_get(r, "counters");
     if (!section(o, "Events per call", c))
         return;
-    note(o, "%s events, around 1 call in %.0f%s%s", str(c, "source"), num(c, "sample_every"),
-         *str(c, "reason") ? ": " : "", str(c, "reason"));
-    json_object *ops = get(c, "counted_ops"), *events = get(c, "events");
+    note(o, "%s events, around 1 call in %.0f%s%s", _al_cli_str(c, "source"), _al_cli_num(c, "sample_every"),
+         *_al_cli_str(c, "reason") ? ": " : "", _al_cli_str(c, "reason"));
+    json_object *ops = _al_cli_get(c, "counted_ops"), *events = _al_cli_get(c, "events");
     const char *heads[MAX_COLS] = { "event" };
     int widths[MAX_COLS] = { -18 }, n = 1;
     json_object_object_foreach(ops, op, count)
@@ -370,12 +317,12 @@ static void counters_section(struct out *o, json_object *r)
         }
     }
     table(o, n, heads, widths);
-    for (size_t i = 0; i < len(events); i++) {
-        json_object *e = json_object_array_get_idx(events, i), *per = get(e, "per_op");
+    for (size_t i = 0; i < _al_cli_len(events); i++) {
+        json_object *e = json_object_array_get_idx(events, i), *per = _al_cli_get(e, "per_op");
         char v[MAX_COLS][32];
-        const char *cells[MAX_COLS] = { str(e, "name") };
+        const char *cells[MAX_COLS] = { _al_cli_str(e, "name") };
         for (int k = 1; k < n; k++) {
-            fmt_num(v[k], sizeof v[k], num(per, heads[k]), 4);
+            fmt_num(v[k], sizeof v[k], _al_cli_num(per, heads[k]), 4);
             cells[k] = v[k];
         }
         row(o, cells);
@@ -385,26 +332,26 @@ static void counters_section(struct out *o, json_object *r)
 
 static void sites_section(struct out *o, json_object *r)
 {
-    json_object *s = get(r, "sites");
+    json_object *s = _al_cli_get(r, "sites");
     if (!section(o, "Allocation sites", s))
         return;
     char peak[32];
-    fmt_bytes(peak, sizeof peak, num(s, "live_bytes_at_peak"));
-    note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated); names from %s", num(s, "sample_rate_bytes"),
-         peak, str(s, "symbols"));
+    _al_cli_bytes(peak, sizeof peak, _al_cli_num(s, "live_bytes_at_peak"));
+    note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated); names from %s",
+         _al_cli_num(s, "sample_rate_bytes"), peak, _al_cli_str(s, "symbols"));
     static const char *const heads[] = { "live at peak", "allocated", "objects", "internal", "where" };
     static const int widths[] = { 12, 12, 10, 11, -1 };
     table(o, 5, heads, widths);
-    json_object *top = get(s, "top");
-    for (size_t i = 0; i < len(top) && i < TOP_ROWS; i++) {
-        json_object *x = json_object_array_get_idx(top, i), *stack = get(x, "stack");
+    json_object *top = _al_cli_get(s, "top");
+    for (size_t i = 0; i < _al_cli_len(top) && i < TOP_ROWS; i++) {
+        json_object *x = json_object_array_get_idx(top, i), *stack = _al_cli_get(x, "stack");
         char c[4][32], where[1024] = "";
-        fmt_bytes(c[0], sizeof c[0], num(x, "live_bytes_at_peak"));
-        fmt_bytes(c[1], sizeof c[1], num(x, "allocated_bytes"));
-        fmt_num(c[2], sizeof c[2], num(x, "allocated_objects"), 0);
-        fmt_bytes(c[3], sizeof c[3], num(x, "internal_fragmentation_bytes"));
+        _al_cli_bytes(c[0], sizeof c[0], _al_cli_num(x, "live_bytes_at_peak"));
+        _al_cli_bytes(c[1], sizeof c[1], _al_cli_num(x, "allocated_bytes"));
+        fmt_num(c[2], sizeof c[2], _al_cli_num(x, "allocated_objects"), 0);
+        _al_cli_bytes(c[3], sizeof c[3], _al_cli_num(x, "internal_fragmentation_bytes"));
         size_t at = 0;
-        for (size_t k = 0; k < len(stack) && k < 3 && at < sizeof where - 1; k++)
+        for (size_t k = 0; k < _al_cli_len(stack) && k < 3 && at < sizeof where - 1; k++)
             at += (size_t)snprintf(where + at, sizeof where - at, "%s%s", k ? " < " : "",
                                    json_object_get_string(json_object_array_get_idx(stack, k)));
         const char *cells[] = { c[0], c[1], c[2], c[3], where };
@@ -458,7 +405,7 @@ int _al_cli_cmd_report(int argc, char **argv)
         return 2;
     }
     json_object *r = json_object_from_file(in);
-    if (!r || json_object_get_type(r) != json_type_object || !get(r, "ops")) {
+    if (!r || json_object_get_type(r) != json_type_object || !_al_cli_get(r, "ops")) {
         const char *e = r ? "not an alloclens report" : json_util_get_last_err();
         fprintf(stderr, "alloclens: cannot read %s: %.*s\n", in, (int)strcspn(e ? e : "", "\n"), e ? e : "");
         json_object_put(r);
