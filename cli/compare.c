@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "profiler.h"
 
 #define MAX_COMPARED 8
 #define MAX_RUNS 50
@@ -480,7 +481,7 @@ int _al_cli_cmd_compare(int argc, char **argv)
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             output = v;
         } else if (!strcmp(a, "--mode")) {
-            if (strcmp(v, "full") && strcmp(v, "time") && strcmp(v, "sample")) {
+            if (_al_mode_parse(v) < 0) {
                 fprintf(stderr, "alloclens: --mode takes full, time or sample, not '%s'\n", v);
                 return 2;
             }

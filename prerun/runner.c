@@ -70,8 +70,11 @@ int _al_prerun_probe(const char *allocator_path, const char *probe_exe, struct a
 {
     int cfd = memfd_create("alloclens-probe-counters", 0);
     if (cfd < 0 || ftruncate(cfd, sizeof(struct al_probe_counters)) < 0) {
-        snprintf(err, errcap, "cannot share counters with the probe: %s", strerror(errno));
-        return -errno;
+        int e = errno;
+        if (cfd >= 0)
+            close(cfd);
+        snprintf(err, errcap, "cannot share counters with the probe: %s", strerror(e));
+        return -e;
     }
     struct al_probe_counters *c = mmap(NULL, sizeof *c, PROT_READ | PROT_WRITE, MAP_SHARED, cfd, 0);
     if (c == MAP_FAILED) {
@@ -81,8 +84,8 @@ int _al_prerun_probe(const char *allocator_path, const char *probe_exe, struct a
     }
     memset(c, 0, sizeof *c);
     c->magic = AL_PROBE_MAGIC;
-    /* The probe's config goes to a memory file: no pipe to fill up while it is traced. */
-    /* ptrace needs a child of our own that asks for it before exec. */
+    /* The probe's config goes to a memory file (no pipe to fill up while it is traced); ptrace
+     * needs a child of our own that asks for it before exec. */
     int ofd = memfd_create("alloclens-probe-output", MFD_CLOEXEC), sync[2] = { -1, -1 };
     pid_t pid = ofd < 0 || pipe2(sync, O_CLOEXEC) < 0 ? -1 : fork();
     if (pid < 0) {

@@ -222,6 +222,20 @@ static __attribute__((format(printf, 1, 2))) void set_unavailable(const char *fm
     va_end(ap);
 }
 
+/* Adds a note to the reason, after "; " when it has one already. */
+static __attribute__((format(printf, 1, 2))) void add_reason(const char *fmt, ...)
+{
+    size_t len = strlen(_al_counters.reason);
+    if (len && len + 2 < sizeof _al_counters.reason) {
+        memcpy(_al_counters.reason + len, "; ", 3);
+        len += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(_al_counters.reason + len, sizeof _al_counters.reason - len, fmt, ap);
+    va_end(ap);
+}
+
 /* Appends the next comma-separated name of *S into NAME (NAMECAP); false at the end. Names
  * too long for NAME come back truncated with *TOO_LONG set. */
 static bool next_name(const char **s, char *name, size_t namecap, bool *too_long)
@@ -390,20 +404,14 @@ static void counters_init(const char *events, unsigned sample_every)
     if (e)
         return;
     if (user_only) {
-        size_t len = strlen(_al_counters.reason);
         char buf[32];
-        snprintf(_al_counters.reason + len, sizeof _al_counters.reason - len,
-                 "%ssoftware events count user mode only (kernel.perf_event_paranoid = %s)",
-                 len ? "; " : "", paranoid_text(buf));
+        add_reason("software events count user mode only (kernel.perf_event_paranoid = %s)", paranoid_text(buf));
     }
     for (unsigned i = 0; i < _al_counters.nevents; i++) {
-        if (_al_counters.events[i].kind != AL_EV_CLOCK)
-            continue;
-        size_t len = strlen(_al_counters.reason);
-        snprintf(_al_counters.reason + len, sizeof _al_counters.reason - len,
-                 "%s%s: the call's cycles less its time switched out", len ? "; " : "",
-                 _al_counters.events[i].name);
-        break;
+        if (_al_counters.events[i].kind == AL_EV_CLOCK) {
+            add_reason("%s: the call's cycles less its time switched out", _al_counters.events[i].name);
+            break;
+        }
     }
     /* A user-named set made only of software events is software too, and says so. */
     if (user) {
@@ -493,10 +501,10 @@ static int open_ring(struct al_thread_counters *c, bool switches)
     return 0;
 }
 
-/* Opens every event of the set on this thread into C. 0, or an errno with *FAILED the index
+/* Opens every event of the set on this thread into C, setting only its descriptors and
+ * mappings (the countdown and state are the caller's). 0, or an errno with *FAILED the index
  * of the event that could not be opened (nevents: the ring). Hardware events share one group,
  * led by the first of them, so they are scheduled on the PMU together. */
-/* Sets C's descriptors and mappings (only those: the countdown and state are the caller's). */
 static int open_set(struct al_thread_counters *c, unsigned *failed)
 {
     c->ring_fd = -1;

@@ -17,7 +17,7 @@ static struct al_lock_stats *slot(const void *lock)
     if (!_al_locks)
         return NULL;
     uintptr_t id = (uintptr_t)lock;
-    for (unsigned i = (unsigned)_al_fib_hash(id >> 4, 10) % AL_LOCKS_MAX, n = 0; n < AL_LOCKS_MAX;
+    for (unsigned i = (unsigned)_al_fib_hash(id >> 4, AL_LOCKS_BITS), n = 0; n < AL_LOCKS_MAX;
          i = (i + 1) % AL_LOCKS_MAX, n++) {
         uintptr_t cur = atomic_load_explicit(&_al_locks[i].id, memory_order_acquire);
         if (cur == id)

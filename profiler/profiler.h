@@ -365,7 +365,8 @@ extern struct al_syscalls_state _al_syscalls;
 
 /* ---- locks.c: lock acquisitions inside allocator calls --------------------------------------- */
 
-#define AL_LOCKS_MAX 1024
+#define AL_LOCKS_BITS 10
+#define AL_LOCKS_MAX (1u << AL_LOCKS_BITS)
 #define AL_HELD_MAX 8
 
 struct al_lock_stats {
