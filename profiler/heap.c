@@ -51,32 +51,18 @@ void _al_heap_syscall(long nr, const long *args, long ret)
     }
 }
 
-struct containing {
-    uint64_t a, start, end;
-};
-
-static bool holds(const struct al_map *m, void *arg)
-{
-    struct containing *c = arg;
-    if (c->a < m->lo || c->a >= m->hi)
-        return false;
-    c->start = m->lo;
-    c->end = m->hi;
-    return true;
-}
-
 AL_NOINLINE void _al_heap_discover(uint64_t a)
 {
     if (!_al_spin_trylock(&discover_lock))
         return; /* another thread is reading the maps: this object's page is found next time */
     uint64_t page = a & ~(uint64_t)4095;
     static char buf[16384]; /* under discover_lock */
-    struct containing c = { a, 0, 0 };
+    struct al_map_span c = { 0 };
     int cancel = _al_nocancel_begin();
-    bool found = _al_maps_each(buf, sizeof buf, holds, &c);
+    bool found = _al_maps_find(a, buf, sizeof buf, &c);
     _al_nocancel_end(cancel);
     if (found) {
-        _al_shadow_heap_set(c.start, c.end, true);
+        _al_shadow_heap_set(c.lo, c.hi, true);
         atomic_fetch_add_explicit(&discovered, 1, memory_order_relaxed);
     } else {
         _al_shadow_heap_set(page, page + 4096, true);

@@ -541,8 +541,8 @@ int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *er
 
 /* ---- GNU build ids ------------------------------------------------------------------------ */
 
-/* The NT_GNU_BUILD_ID note in DATA (notes of ELF type TYPE): its length, *ID pointing at it; 0
- * when there is none. */
+/* The NT_GNU_BUILD_ID note in DATA (a section or segment of notes): its length, *ID pointing
+ * at it; 0 when there is none. */
 static size_t note_build_id(Elf_Data *data, const unsigned char **id)
 {
     GElf_Nhdr nh;

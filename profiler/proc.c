@@ -3,6 +3,7 @@
  * the caller's buffer), small files in one read, and a whole file appended to a report buffer. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -20,11 +21,6 @@ uint64_t _al_proc_num(const char **s, unsigned base)
     }
 }
 
-static uint64_t hex(const char **s)
-{
-    return _al_proc_num(s, 16);
-}
-
 static const char *field(const char *s)
 {
     while (*s && *s != ' ')
@@ -38,14 +34,14 @@ static const char *field(const char *s)
 static void parse(char *line, struct al_map *m)
 {
     const char *s = line;
-    m->lo = hex(&s);
+    m->lo = _al_proc_num(&s, 16);
     s++;
-    m->hi = hex(&s);
+    m->hi = _al_proc_num(&s, 16);
     s = field(s);
     memcpy(m->perms, s, 4);
     m->perms[4] = '\0';
     s = field(s);
-    m->offset = hex(&s);
+    m->offset = _al_proc_num(&s, 16);
     s = field(field(field(s)));
     m->path = s;
 }
@@ -101,4 +97,27 @@ bool _al_proc_append(const char *path, struct al_buf *b)
             _al_buf_putn(b, chunk, (size_t)r);
     close(fd);
     return r == 0;
+}
+
+struct containing {
+    uint64_t a;
+    struct al_map_span *out;
+};
+
+static bool holds(const struct al_map *m, void *arg)
+{
+    struct containing *c = arg;
+    if (c->a < m->lo || c->a >= m->hi)
+        return false;
+    c->out->lo = m->lo;
+    c->out->hi = m->hi;
+    if (c->out->path)
+        snprintf(c->out->path, c->out->path_cap, "%s", m->path);
+    return true;
+}
+
+bool _al_maps_find(uint64_t a, char *buf, size_t cap, struct al_map_span *out)
+{
+    struct containing c = { a, out };
+    return _al_maps_each(buf, cap, holds, &c);
 }

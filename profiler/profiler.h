@@ -449,6 +449,8 @@ void _al_symbols_begin(bool full);
 void _al_symbolize(uintptr_t pc, struct al_symbol *s);
 /* Why full names were asked for and are missing; NULL when they are not. */
 const char *_al_symbols_unavailable(void);
+/* Where the names come from, for the report: "debug information" or "dynamic symbols ...". */
+const char *_al_symbols_source(void);
 /* S's function name, demangled into BUF (CAP bytes) where it is mangled. */
 const char *_al_symbol_function(const struct al_symbol *s, char *buf, size_t cap);
 
@@ -463,6 +465,14 @@ struct al_map {
 /* Calls FN for each mapping, in address order, until it returns true; returns whether it did.
  * BUF (CAP bytes, a few KiB: more than the longest line) is where the lines are read. */
 bool _al_maps_each(char *buf, size_t cap, bool (*fn)(const struct al_map *m, void *arg), void *arg);
+/* The mapping holding address A into OUT (its path too, where OUT->path is given); whether
+ * there is one. BUF and CAP as for _al_maps_each. */
+struct al_map_span {
+    uint64_t lo, hi;
+    char *path; /* NULL, or PATH_CAP bytes */
+    size_t path_cap;
+};
+bool _al_maps_find(uint64_t a, char *buf, size_t cap, struct al_map_span *out);
 /* The file at PATH in one read into BUF (CAP bytes), NUL-terminated: its length, or -1. */
 ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
 /* The whole file at PATH appended to B, however long; whether it was read to its end. */
@@ -882,7 +892,6 @@ struct al_report {
     size_t profiler_bytes;
     size_t shadow_bytes;   /* of profiler_bytes, the shadow table's (resident) */
     uint64_t start_tsc;    /* when the image started */
-    bool main_image;       /* the run's main process at its exit (not a child, not before exec) */
 };
 
 /* report.c: figures both writers print, computed once. */

@@ -214,7 +214,6 @@ static void write_report(struct write_args *w)
     r->hist = hist;
     gather(r, has_status, status);
     bool main_image = kind == AL_REPORT_EXIT && r->pid == _al_settings.main_pid;
-    r->main_image = main_image;
     /* The sites' frames are named once for every writer below: from debug information in the
      * main process (the only one to write text and pprof), else the dynamic symbol table. */
     if (_al_sampler.enabled)

@@ -112,7 +112,7 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
         _al_mem_unmap(r, (n + 1) * sizeof *r);
 }
 
-void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_image)
+void _al_report_sites_json(struct al_buf *b, double cycles_per_ns)
 {
     if (!_al_sampler.enabled) {
         _al_buf_puts(b, "  \"sites\": { \"available\": false, \"reason\": \"allocation-site sampling is off "
@@ -126,9 +126,7 @@ void _al_report_sites_json(struct al_buf *b, double cycles_per_ns, bool main_ima
                    _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped);
     const char *why = _al_symbols_unavailable();
     _al_buf_puts(b, "    \"symbols\": ");
-    _al_buf_json_str(b, !main_image ? "dynamic symbols (a process other than the run's main one)"
-                        : why     ? "dynamic symbols"
-                                  : "debug information");
+    _al_buf_json_str(b, _al_symbols_source());
     _al_buf_puts(b, ", \"symbols_reason\": ");
     if (why)
         _al_buf_json_str(b, why);

@@ -23,8 +23,8 @@
 #include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "profiler.h"
@@ -34,9 +34,7 @@
 
 struct entry {
     uintptr_t pc;
-    const char *function, *file, *module;
-    int line;
-    uint64_t module_offset;
+    struct al_symbol s;
 };
 
 static struct {
@@ -78,35 +76,19 @@ static bool collect_frames(void)
 
 /* ---- finding and starting the helper ------------------------------------------------------- */
 
-struct self_map {
-    uintptr_t addr;
-    char path[PATH_MAX];
-};
-
-static bool find_self(const struct al_map *m, void *arg)
-{
-    struct self_map *s = arg;
-    if (s->addr < m->lo || s->addr >= m->hi)
-        return false;
-    snprintf(s->path, sizeof s->path, "%s", m->path);
-    return true;
-}
-
 /* Installed beside this library, or in the build tree's profiler/ beside its interpose/. */
 static bool helper_path(char *out, size_t cap)
 {
-    static struct self_map self;
-    char buf[8192];
-    self.addr = (uintptr_t)helper_path;
-    self.path[0] = '\0';
-    if (!_al_maps_each(buf, sizeof buf, find_self, &self) || self.path[0] != '/')
+    static char buf[8192], dir[PATH_MAX];
+    struct al_map_span self = { .path = dir, .path_cap = sizeof dir };
+    dir[0] = '\0';
+    if (!_al_maps_find((uintptr_t)helper_path, buf, sizeof buf, &self) || dir[0] != '/')
         return false;
-    char *slash = strrchr(self.path, '/');
-    *slash = '\0';
-    snprintf(out, cap, "%s/" HELPER, self.path);
+    *strrchr(dir, '/') = '\0';
+    snprintf(out, cap, "%s/" HELPER, dir);
     if (access(out, X_OK) == 0)
         return true;
-    snprintf(out, cap, "%s/../profiler/" HELPER, self.path);
+    snprintf(out, cap, "%s/../profiler/" HELPER, dir);
     return access(out, X_OK) == 0;
 }
 
@@ -127,7 +109,31 @@ static char **helper_env(size_t *bytes)
     return env;
 }
 
-/* Runs PATH with IN as its input and OUT as its output; its exit status, or -1 with why. */
+/* True when PID has ended within HELPER_TIMEOUT_MS (or cannot be watched: the wait then
+ * blocks as a plain waitpid would). */
+static bool ended_in_time(pid_t pid)
+{
+    int pfd = pidfd_open(pid, 0);
+    if (pfd >= 0) {
+        struct pollfd p = { .fd = pfd, .events = POLLIN };
+        int r;
+        while ((r = poll(&p, 1, HELPER_TIMEOUT_MS)) < 0 && errno == EINTR)
+            ;
+        close(pfd);
+        return r != 0;
+    }
+    /* No pidfd (a kernel before 5.3, or a filter): look every 10 ms. */
+    for (int ms = 0; ms < HELPER_TIMEOUT_MS; ms += 10) {
+        siginfo_t si = { 0 };
+        if (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0 || si.si_pid == pid)
+            return true;
+        nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
+    }
+    return false;
+}
+
+/* Runs PATH with IN as its input and OUT as its output, and none of the program's other
+ * descriptors; its exit status, or -1 with why. */
 static int run_helper(const char *path, int in, int out)
 {
     size_t env_bytes;
@@ -143,20 +149,16 @@ static int run_helper(const char *path, int in, int out)
     char *argv[] = { (char *)path, NULL };
     pid_t pid = -1;
     int e = posix_spawn_file_actions_init(&fa);
+    if (e == 0 && (e = posix_spawnattr_init(&attr)) != 0)
+        posix_spawn_file_actions_destroy(&fa);
     if (e == 0) {
-        e = posix_spawnattr_init(&attr);
-        if (e == 0) {
-            e = posix_spawn_file_actions_adddup2(&fa, in, 0);
-            if (e == 0)
-                e = posix_spawn_file_actions_adddup2(&fa, out, 1);
-            if (e == 0)
-                e = posix_spawnattr_setsigmask(&attr, &none);
-            if (e == 0)
-                e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-            if (e == 0)
-                e = posix_spawn(&pid, path, &fa, &attr, argv, env);
-            posix_spawnattr_destroy(&attr);
-        }
+        if ((e = posix_spawn_file_actions_adddup2(&fa, in, 0)) == 0 &&
+            (e = posix_spawn_file_actions_adddup2(&fa, out, 1)) == 0 &&
+            (e = posix_spawn_file_actions_addclosefrom_np(&fa, 3)) == 0 &&
+            (e = posix_spawnattr_setsigmask(&attr, &none)) == 0 &&
+            (e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK)) == 0)
+            e = posix_spawn(&pid, path, &fa, &attr, argv, env);
+        posix_spawnattr_destroy(&attr);
         posix_spawn_file_actions_destroy(&fa);
     }
     _al_mem_unmap(env, env_bytes);
@@ -164,23 +166,14 @@ static int run_helper(const char *path, int in, int out)
         snprintf(sym.why, sizeof sym.why, "%s could not be started: %s", HELPER, strerror(e));
         return -1;
     }
-    int pfd = pidfd_open(pid, 0);
-    if (pfd >= 0) {
-        struct pollfd p = { .fd = pfd, .events = POLLIN };
-        int r;
-        while ((r = poll(&p, 1, HELPER_TIMEOUT_MS)) < 0 && errno == EINTR)
-            ;
-        if (r == 0) {
-            kill(pid, SIGKILL);
-            snprintf(sym.why, sizeof sym.why, "%s took more than %d s; killed", HELPER,
-                     HELPER_TIMEOUT_MS / 1000);
-        }
-        close(pfd);
+    if (!ended_in_time(pid)) {
+        kill(pid, SIGKILL);
+        snprintf(sym.why, sizeof sym.why, "%s took more than %d s; killed", HELPER, HELPER_TIMEOUT_MS / 1000);
     }
     int status = 0;
     while (waitpid(pid, &status, 0) < 0) {
-        if (errno == ECHILD && !sym.why[0])
-            return 0; /* reaped through SIGCHLD's SIG_IGN, or by a wait of the program: its answer tells */
+        if (errno == ECHILD) /* reaped through SIGCHLD's SIG_IGN, or by a wait of the program */
+            return sym.why[0] ? -1 : 0; /* its answer tells */
         if (errno != EINTR) {
             snprintf(sym.why, sizeof sym.why, "%s: waitpid: %s", HELPER, strerror(errno));
             return -1;
@@ -226,7 +219,7 @@ static bool parse_answer(int fd)
         if (!nl)
             break;
         *nl = '\0';
-        struct entry *e = &sym.e[i++];
+        struct al_symbol *e = &sym.e[i++].s;
         e->function = field(&line);
         e->file = field(&line);
         char *ln = field(&line);
@@ -331,6 +324,13 @@ const char *_al_symbols_unavailable(void)
     return sym.full && sym.why[0] ? sym.why : NULL;
 }
 
+const char *_al_symbols_source(void)
+{
+    return !sym.full ? "dynamic symbols (a process other than the run's main one)"
+           : sym.why[0] ? "dynamic symbols"
+                        : "debug information";
+}
+
 /* A return address points after the call: the call itself is looked up. */
 void _al_symbolize(uintptr_t pc, struct al_symbol *s)
 {
@@ -338,11 +338,7 @@ void _al_symbolize(uintptr_t pc, struct al_symbol *s)
     struct entry key = { .pc = pc };
     const struct entry *e = sym.full && sym.e ? bsearch(&key, sym.e, sym.n, sizeof *sym.e, cmp_pc) : NULL;
     if (e) {
-        s->function = e->function;
-        s->file = e->file;
-        s->line = e->line;
-        s->module = e->module;
-        s->module_offset = e->module_offset;
+        *s = e->s;
         return;
     }
     Dl_info info;
