@@ -19,13 +19,12 @@
  * and no new-handler helps: this file is compiled with -fexceptions, and a guard's cleanup
  * ends the call as a failed one. Without it the thread would stay busy, with the syscall
  * selector on "block", and none of its later calls would be counted. Only rows whose target
- * may throw (AL_THROWS_) have a guard; it is disarmed as soon as the real call returns, so on
- * the normal path its cleanup folds away. */
+ * may throw (AL_THROWS_) have a guard (AL_IF_THROWS), made before the timed window and
+ * disarmed as soon as the real call returns, so on the normal path its cleanup folds away. */
 enum al_unwind_stage {
     AL_UNWIND_NONE,
     AL_UNWIND_TIMED,   /* inside AL_TIMED_CALL: end the call, record a failed allocation */
     AL_UNWIND_COUNTED, /* counted_: count a failed allocation */
-    AL_UNWIND_BUSY,    /* counted already: only the busy flag to clear */
 };
 
 struct al_unwind {
@@ -44,10 +43,8 @@ static AL_COLD void unwound(struct al_unwind *u)
         uint64_t cycles = _al_tsc() - u->c0;
         _al_call_end(t, u->call_op, u->counted, cycles);
         _al_record_alloc(t, u->call_op, u->bytes, u->call_large, NULL, cycles);
-    } else if (u->stage == AL_UNWIND_COUNTED) {
-        _al_count_alloc(t, u->call_op, u->bytes, NULL);
     } else {
-        t->busy = 0;
+        _al_count_alloc(t, u->call_op, u->bytes, NULL);
     }
 }
 
@@ -57,37 +54,49 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
         unwound(u);
 }
 
-#define AL_GUARD(target, ...) AL_GUARD_(AL_THROWS_##target, __VA_ARGS__)
-#define AL_GUARD_(throws, ...) AL_GUARD__(throws, __VA_ARGS__)
-#define AL_GUARD__(throws, ...) AL_GUARD_##throws(__VA_ARGS__)
-#define AL_GUARD_0(...) (void)0
-#define AL_GUARD_1(stage_, ...)                                                        \
-    struct al_unwind guard_ __attribute__((cleanup(al_unwind_cleanup))) = {           \
-        .stage = (stage_), .t = t, __VA_ARGS__ }
-#define AL_DISARM(target) AL_DISARM_(AL_THROWS_##target)
-#define AL_DISARM_(throws) AL_DISARM__(throws)
-#define AL_DISARM__(throws) AL_DISARM_##throws
-#define AL_DISARM_0 (void)0
-#define AL_DISARM_1 (guard_.stage = AL_UNWIND_NONE)
+/* A call counted already (--mode sample's sampled_ and export paths): only the busy flag to
+ * clear, so the thread's pointer is the whole guard, NULL once disarmed. */
+static AL_COLD void unwound_busy(struct al_thread *t)
+{
+    t->busy = 0;
+}
+
+static inline void al_busy_cleanup(struct al_thread **t)
+{
+    if (AL_UNLIKELY(*t != NULL))
+        unwound_busy(*t);
+}
+
+/* The code after TARGET where that target may throw; nothing elsewhere. */
+#define AL_CAT_(a, b) a##b
+#define AL_CAT(a, b) AL_CAT_(a, b)
+#define AL_IF_THROWS(target, ...) AL_CAT(AL_IF_THROWS_, AL_THROWS_##target)(__VA_ARGS__)
+#define AL_IF_THROWS_0(...)
+#define AL_IF_THROWS_1(...) __VA_ARGS__
+#define AL_BUSY_GUARD(target)                                                          \
+    AL_IF_THROWS(target, struct al_thread *busy_guard_ __attribute__((cleanup(al_busy_cleanup))) = t;)
+#define AL_BUSY_DISARM(target) AL_IF_THROWS(target, busy_guard_ = NULL;)
 
 /* The real call CALL, timed: the cycle counter around it; around that, what the SIGSYS handler
  * and the lock wrappers need to know (which op, small or large), the syscall selector, and
  * the 1-in-N event counting. Leaves c0 and c1 for the caller. */
 #define AL_TIMED_CALL(op, large, size, target, call)                                   \
     bool counted_ = _al_call_begin(t, AL_OP_##op, large);                              \
+    AL_IF_THROWS(target, struct al_unwind guard_ __attribute__((cleanup(al_unwind_cleanup))) = { \
+        .stage = AL_UNWIND_TIMED, .t = t, .call_op = AL_OP_##op, .call_large = (large), \
+        .counted = counted_, .bytes = (size) };)                                       \
     uint64_t c0 = _al_tsc();                                                           \
-    AL_GUARD(target, AL_UNWIND_TIMED, .call_op = AL_OP_##op, .call_large = (large),    \
-             .counted = counted_, .bytes = (size), .c0 = c0);                          \
+    AL_IF_THROWS(target, guard_.c0 = c0;)                                              \
     call;                                                                              \
     uint64_t c1 = _al_tsc();                                                           \
-    AL_DISARM(target);                                                                 \
+    AL_IF_THROWS(target, guard_.stage = AL_UNWIND_NONE;)                               \
     _al_call_end(t, AL_OP_##op, counted_, c1 - c0)
 
 #define WRAP_ALLOC(op, sym, params, args, size, target)                                \
     static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        unsigned large = (size) >= _al_hot.large_threshold;                                \
+        unsigned large = (size) >= _al_hot.large_threshold;                            \
         AL_TIMED_CALL(op, large, size, target, void *r = _al_real.sym args);           \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
@@ -96,9 +105,9 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
     static AL_NOINLINE void *sampled_##sym(struct al_thread *t, AL_STRIP(params))      \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        AL_GUARD(target, AL_UNWIND_BUSY);                                              \
+        AL_BUSY_GUARD(target)                                                          \
         void *r = _al_real.sym args;                                                   \
-        AL_DISARM(target);                                                             \
+        AL_BUSY_DISARM(target)                                                         \
         _al_sample_alloc(t, (size), r);                                                \
         t->busy = 0;                                                                   \
         return r;                                                                      \
@@ -106,9 +115,10 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
     static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        AL_GUARD(target, AL_UNWIND_COUNTED, .call_op = AL_OP_##op, .bytes = (size));   \
+        AL_IF_THROWS(target, struct al_unwind guard_ __attribute__((cleanup(al_unwind_cleanup))) = { \
+            .stage = AL_UNWIND_COUNTED, .t = t, .call_op = AL_OP_##op, .bytes = (size) };) \
         void *r = _al_real.sym args;                                                   \
-        AL_DISARM(target);                                                             \
+        AL_IF_THROWS(target, guard_.stage = AL_UNWIND_NONE;)                           \
         _al_count_alloc(t, AL_OP_##op, (size), r);                                     \
         return r;                                                                      \
     }                                                                                  \
@@ -126,16 +136,16 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_hot.timed))                                                      \
+        if (AL_LIKELY(_al_hot.timed))                                                  \
             return timed_##sym(t, AL_STRIP(args));                                     \
         if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
             return sampled_##sym(t, AL_STRIP(args));                                   \
         if (AL_TAIL_##target)                                                          \
             return _al_real.sym args;                                                  \
         t->busy = 1;                                                                   \
-        AL_GUARD(target, AL_UNWIND_BUSY);                                              \
+        AL_BUSY_GUARD(target)                                                          \
         void *r = _al_real.sym args;                                                   \
-        AL_DISARM(target);                                                             \
+        AL_BUSY_DISARM(target)                                                         \
         t->busy = 0;                                                                   \
         return r;                                                                      \
     }
@@ -148,11 +158,11 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
         t->busy = 1;                                                                   \
         struct al_waste_undo undo;                                                     \
         unsigned had = 0, was_large = 0;                                               \
-        if (AL_LIKELY(_al_hot.records) && p)                                               \
+        if (AL_LIKELY(_al_hot.records) && p)                                           \
             had = _al_waste_free(t, p, &undo);                                         \
         else if (p)                                                                    \
             was_large = _al_mark_free(p);                                              \
-        unsigned large = (size) >= _al_hot.large_threshold;                                \
+        unsigned large = (size) >= _al_hot.large_threshold;                            \
         AL_TIMED_CALL(op, large, size, target, void *r = _al_real.sym args);           \
         /* Failed: the old object is still the program's. */                           \
         if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
@@ -188,7 +198,7 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy || _al_bootstrap_owns(p)))                       \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_hot.timed))                                                      \
+        if (AL_LIKELY(_al_hot.timed))                                                  \
             return timed_##sym(t, AL_STRIP(args));                                     \
         return counted_##sym(t, AL_STRIP(args));                                       \
     }
@@ -214,7 +224,7 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
     static AL_NOINLINE void slow_##sym params                                          \
     {                                                                                  \
         struct al_thread *t = _al_enter_slow();                                        \
-        if (t && _al_hot.timed)                                                            \
+        if (t && _al_hot.timed)                                                        \
             timed_##sym(t, AL_STRIP(args));                                            \
         else if (t)                                                                    \
             counted_##sym(t, AL_STRIP(args));                                          \
@@ -230,7 +240,7 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
             slow_##sym args;                                                           \
             return;                                                                    \
         }                                                                              \
-        if (AL_LIKELY(_al_hot.timed)) {                                                    \
+        if (AL_LIKELY(_al_hot.timed)) {                                                \
             timed_##sym(t, AL_STRIP(args));                                            \
             return;                                                                    \
         }                                                                              \
@@ -253,7 +263,7 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
     static AL_NOINLINE int timed_##sym(struct al_thread *t, AL_STRIP(params))          \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        unsigned large = (size) >= _al_hot.large_threshold;                                \
+        unsigned large = (size) >= _al_hot.large_threshold;                            \
         AL_TIMED_CALL(op, large, size, target, int rc = _al_real.sym args);            \
         _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
@@ -279,7 +289,7 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_hot.timed))                                                      \
+        if (AL_LIKELY(_al_hot.timed))                                                  \
             return timed_##sym(t, AL_STRIP(args));                                     \
         return counted_##sym(t, AL_STRIP(args));                                       \
     }

@@ -108,9 +108,7 @@ AL_INLINE uint64_t _al_fib_hash(uint64_t x, unsigned bits)
     return (x * 0x9e3779b97f4a7c15ull) >> (64 - bits);
 }
 
-/* Pages that hold a live sampled object, hashed into this many buckets: a bit each in
- * _al_hot.sample_pages, which a free or realloc in --mode time and --mode sample looks at
- * before it looks for the object's mark in the shadow table. */
+/* Buckets of the hashed pages in _al_hot.sample_pages. */
 #define AL_SAMPLE_PAGES 4096
 
 AL_INLINE unsigned _al_sample_page(const void *p)
@@ -133,6 +131,8 @@ struct al_hot {
     bool timed, records;
     _Atomic int live_threads;
     uint64_t large_threshold;
+    uint64_t tsc_overhead; /* cycles a back-to-back rdtsc pair reports: what every timed call
+                              over-counts (measured at start-up) */
     /* A bit per hashed page that holds a live sampled object (sampler.c keeps the counts): a
      * free or realloc outside --mode full looks here before it looks in the shadow table.
      * Lines of their own: a sample's update of a word leaves the fields above, read by every
@@ -195,8 +195,12 @@ AL_INLINE bool _al_spin_trylock(_Atomic int *l)
 
 AL_INLINE void _al_spin_lock(_Atomic int *l)
 {
-    for (unsigned n = 0; !_al_spin_trylock(l); n++)
-        n > 64 ? sched_yield() : __builtin_ia32_pause();
+    for (unsigned n = 0; !_al_spin_trylock(l); n++) {
+        if (n > 64)
+            sched_yield();
+        else
+            __builtin_ia32_pause();
+    }
 }
 
 AL_INLINE void _al_spin_unlock(_Atomic int *l)
@@ -487,6 +491,14 @@ void _al_heap_init(void);
 void _al_heap_syscall(long nr, const long *args, long ret);
 void _al_heap_discover(uint64_t a);
 void _al_heap_after_fork_child(void);
+
+/* An object at A: its page is one of the allocator's known ones, or the mapping holding it is
+ * found now. Only for addresses not returned before: those lie on pages already looked at. */
+AL_INLINE void _al_heap_see(uint64_t a)
+{
+    if (!_al_shadow_heap_has(a))
+        _al_heap_discover(a);
+}
 uint64_t _al_heap_discovered(void);
 uint64_t _al_heap_resident(void);
 
@@ -584,9 +596,8 @@ AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, uns
         return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd);
     uint32_t slot = _al_class_index(&_al_waste.table, req), pages;
     bool reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
-    /* An address returned before lies on a page already looked at. */
-    if (AL_UNLIKELY(!reused) && !_al_shadow_heap_has(a))
-        _al_heap_discover(a);
+    if (AL_UNLIKELY(!reused))
+        _al_heap_see(a);
     int64_t *row = t->cls[slot], size = (int64_t)_al_waste.table.classes[slot];
     AL_BUMP(row[AL_CLS_OBJECTS], 1);
     AL_BUMP(row[AL_CLS_REQUESTED], (int64_t)req);
@@ -603,12 +614,10 @@ struct al_first_call {
     uint64_t cycles;
 };
 
-extern uint64_t _al_tsc_overhead;
-
 /* A call's cycles less the cost of measuring them. */
 AL_INLINE uint64_t _al_tsc_net(uint64_t cycles)
 {
-    return cycles > _al_tsc_overhead ? cycles - _al_tsc_overhead : 0;
+    return cycles > _al_hot.tsc_overhead ? cycles - _al_hot.tsc_overhead : 0;
 }
 extern struct al_first_call _al_first;
 
@@ -619,14 +628,16 @@ AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles
 {
     struct al_row *r = &t->rows[row];
     AL_BUMP(r->count, 1);
-    if (AL_UNLIKELY(!atomic_load_explicit(&_al_first.taken, memory_order_relaxed)) &&
-        _al_record_first(row, cycles))
-        return;
+    uint64_t *h = t->hist[row];
+    if (AL_UNLIKELY(h == NULL)) {
+        /* No histogram has been made before the process's first timed call, so that call
+         * always comes this way. */
+        if (!atomic_load_explicit(&_al_first.taken, memory_order_relaxed) && _al_record_first(row, cycles))
+            return;
+        h = _al_thread_hist_row(t, row);
+    }
     cycles = _al_tsc_net(cycles);
     AL_BUMP(r->cycles, cycles);
-    uint64_t *h = t->hist[row];
-    if (AL_UNLIKELY(h == NULL))
-        h = _al_thread_hist_row(t, row);
     AL_BUMP(h[_al_hist_bucket(cycles)], 1);
 }
 

@@ -8,7 +8,6 @@ struct al_hot _al_hot __attribute__((aligned(4096))) = {
     .timed = true, .records = true, .live_threads = 1, .large_threshold = 131072,
 };
 enum al_mode _al_mode = AL_MODE_FULL;
-uint64_t _al_tsc_overhead;
 struct al_first_call _al_first;
 
 /* Whether this call is the process's first: it is then kept apart, out of its row's times. */

@@ -228,7 +228,7 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
                        (unsigned long long)r->first_cycles, _al_report_ns(r, (double)r->first_cycles));
     }
     _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": %llu },\n",
-                   r->cycles_per_ns, (unsigned long long)_al_tsc_overhead);
+                   r->cycles_per_ns, (unsigned long long)_al_hot.tsc_overhead);
     _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu, \"shadow_bytes\": %llu },\n",
                    (unsigned long long)r->profiler_bytes, (unsigned long long)r->shadow_bytes);
     counters(b, r);

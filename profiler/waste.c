@@ -184,8 +184,7 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
                                           unsigned large, bool maybe_odd)
 {
     if (!t->cls && !_al_waste_thread_rows(t)) { /* before start-up is done: no record */
-        if (!_al_shadow_heap_has(a))
-            _al_heap_discover(a);
+        _al_heap_see(a);
         return __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED) & AL_SHADOW_SEEN
                    ? AL_REUSE_REUSED : AL_REUSE_NEW;
     }
@@ -201,9 +200,8 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
         slot = classify(p, a, req, large, maybe_odd, pages, &odd, &extra, &bytes);
         reused = _al_shadow_object_new(r, a, req, odd, t->tag, &pages);
     }
-    /* As on the inline path: an address returned before lies on a page already looked at. */
-    if (!reused && !_al_shadow_heap_has(a))
-        _al_heap_discover(a);
+    if (!reused)
+        _al_heap_see(a);
     count_object(t, slot, 1, req, extra);
     _al_waste_take_blowup(t->cls[slot], slot, bytes);
     _al_waste_countdown(t, req);

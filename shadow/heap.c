@@ -70,17 +70,23 @@ void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)
     }
 }
 
+/* The K-th slice made, and its directory index; NULL while it is being installed. */
+static struct al_heap_slice *listed_slice(uint32_t k, uint64_t *d)
+{
+    uint64_t v = atomic_load(&listed[k]);
+    *d = v ? v - 1 : 0;
+    return v ? atomic_load_explicit(&_al_heap_dir[v - 1], memory_order_acquire) : NULL;
+}
+
 size_t _al_shadow_heap_footprint(void)
 {
     uint32_t n = atomic_load(&nlisted);
     if (n > LISTED_MAX)
         n = LISTED_MAX;
-    /* The directory is touched a page at a time: at most one page per slice. */
-    size_t dir = _al_heap_dir ? _al_shadow.dir_entries * sizeof *_al_heap_dir : 0;
-    size_t total = (size_t)n * 4096 < dir ? (size_t)n * 4096 : dir;
+    size_t total = _al_shadow_dir_touched(n, _al_heap_dir ? _al_shadow.dir_entries * sizeof *_al_heap_dir : 0);
     for (uint32_t k = 0; k < n; k++) {
-        uint64_t d = atomic_load(&listed[k]);
-        struct al_heap_slice *s = d ? atomic_load_explicit(&_al_heap_dir[d - 1], memory_order_acquire) : NULL;
+        uint64_t d;
+        struct al_heap_slice *s = listed_slice(k, &d);
         if (s)
             total += _al_shadow_resident(s, sizeof *s);
     }
@@ -91,11 +97,10 @@ void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), v
 {
     uint32_t n = atomic_load(&nlisted);
     for (uint32_t k = 0; k < n && k < LISTED_MAX; k++) {
-        uint64_t d = atomic_load(&listed[k]);
-        struct al_heap_slice *s = d ? atomic_load_explicit(&_al_heap_dir[d - 1], memory_order_acquire) : NULL;
+        uint64_t d;
+        struct al_heap_slice *s = listed_slice(k, &d);
         if (!s)
             continue;
-        d--;
         uint64_t base = d << AL_SHADOW_SLICE_SHIFT, run = 0;
         bool in = false;
         for (unsigned r = 0; r < AL_SHADOW_SLICE_ENTRIES; r++) {

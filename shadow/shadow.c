@@ -92,11 +92,16 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
     return r;
 }
 
+size_t _al_shadow_dir_touched(uint64_t slices, size_t bytes)
+{
+    /* A directory is touched a page at a time: at most one page per slice. */
+    return slices * 4096 < bytes ? slices * 4096 : bytes;
+}
+
 static size_t mapped(uint64_t regions, uint64_t slices)
 {
-    /* The directory is touched a page at a time: at most one page per slice. */
-    size_t dir = slices * 4096 < dir_bytes ? slices * 4096 : dir_bytes;
-    return regions * sizeof(struct al_shadow_region) + slices * sizeof(struct al_shadow_slice) + dir;
+    return regions * sizeof(struct al_shadow_region) + slices * sizeof(struct al_shadow_slice) +
+           _al_shadow_dir_touched(slices, dir_bytes);
 }
 
 size_t _al_shadow_mapped(void)

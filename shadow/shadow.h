@@ -91,6 +91,8 @@ void *_al_shadow_install(_Atomic(void *) *slot, size_t size, int flags, bool *wo
 uint64_t _al_shadow_address_bits(void);
 /* Bytes of the table the kernel backs now (resident), and bytes mapped. */
 size_t _al_shadow_footprint(void);
+/* Bytes of a directory of BYTES bytes that SLICES slices have touched. */
+size_t _al_shadow_dir_touched(uint64_t slices, size_t bytes);
 /* Bytes of [p, p + bytes) the kernel backs (mincore); all of them if it cannot tell. */
 size_t _al_shadow_resident(const void *p, size_t bytes);
 size_t _al_shadow_mapped(void);
@@ -341,10 +343,10 @@ static inline __attribute__((always_inline)) bool _al_shadow_heap_has(uint64_t a
                                  memory_order_relaxed) >> (pg % 64)) & 1;
 }
 
-/* Calls FN for each maximal run [start, end) of the allocator's pages (in address order
- * within a 4 GiB slice). */
 /* Resident bytes of the heap slices and their directory (part of _al_shadow_footprint). */
 size_t _al_shadow_heap_footprint(void);
+/* Calls FN for each maximal run [start, end) of the allocator's pages (in address order
+ * within a 4 GiB slice). */
 void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg);
 
 #endif
