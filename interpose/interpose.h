@@ -1,6 +1,6 @@
 /* interpose/ internal API: the resolved forwarding targets, the slow entry, the bootstrap
  * pool. The exported entry points themselves live in wrappers.c (allocation), threads.c,
- * exec.c, locks.c and signals.c. */
+ * exec.c, exit.c, locks.c and signals.c. */
 #ifndef ALLOCLENS_INTERPOSE_H
 #define ALLOCLENS_INTERPOSE_H
 
@@ -21,7 +21,7 @@
 #define AL_RET_MEMALIGN int
 
 struct al_real_fns {
-#define AL_ENTRY(kind, op, sym, params, args, size, target) AL_RET_##kind (*sym) params;
+#define AL_ENTRY(kind, op, sym, params, args, size, align, target) AL_RET_##kind (*sym) params;
 #include "entries.def"
 #undef AL_ENTRY
     size_t (*malloc_usable_size)(void *);
@@ -40,9 +40,10 @@ static inline size_t _al_mul_size(size_t k, size_t n)
     return __builtin_mul_overflow(k, n, &r) ? SIZE_MAX : r;
 }
 
-/* exec.c, threads.c, locks.c, signals.c: their forwarding targets, resolved with the rest at
- * start-up */
+/* exec.c, exit.c, threads.c, locks.c, signals.c: their forwarding targets, resolved with the
+ * rest at start-up */
 void _al_exec_resolve(void);
+void _al_exit_resolve(void);
 void _al_threads_resolve(void);
 void _al_locks_resolve(void);
 void _al_signals_resolve(void);
@@ -53,11 +54,16 @@ void _al_signals_resolve(void);
  * forwarded. */
 struct al_thread *_al_enter_slow(void);
 
-/* bootstrap.c: serves dlsym's own allocations while the real functions are being resolved */
+/* bootstrap.c: memory of our own, for dlsym's allocations while the real functions are being
+ * resolved, and for the thread writing a report from _exit (_al_own_memory set) */
 void *_al_bootstrap_alloc(size_t size);
 void *_al_bootstrap_realloc(void *p, size_t size);
 size_t _al_bootstrap_usable_size(const void *p);
-#define AL_BOOTSTRAP_POOL_SIZE (64 * 1024)
+void *_al_own_alloc(size_t size, size_t alignment);
+void *_al_own_realloc(void *p, size_t size);
+extern __thread bool _al_own_memory __attribute__((tls_model("initial-exec")));
+#define AL_BOOTSTRAP_POOL_SIZE (4u << 20)
+#define AL_PAGE 4096u /* what valloc and pvalloc align to on x86-64 */
 extern char _al_bootstrap_pool[AL_BOOTSTRAP_POOL_SIZE] AL_HIDDEN;
 
 static inline int _al_bootstrap_owns(const void *p)

@@ -71,7 +71,7 @@ struct al_real_fns _al_real, _al_next;
 #define FALLBACK_OWN_DELETE(kind, sym, params, args) \
     static void fb_##sym params { _al_real.free(p); }
 
-#define AL_ENTRY(kind, op, sym, params, args, size, target) FALLBACK_##target(kind, sym, params, args)
+#define AL_ENTRY(kind, op, sym, params, args, size, align, target) FALLBACK_##target(kind, sym, params, args)
 #include "entries.def"
 #undef AL_ENTRY
 
@@ -100,11 +100,12 @@ static int real_resolve(void)
     void *allocator = object_base((const void *)_al_real.malloc);
     if (!_al_real.malloc || !allocator)
         return -ENOENT;
-#define AL_ENTRY(kind, op, sym, params, args, size, target) RESOLVE_##target(sym)
+#define AL_ENTRY(kind, op, sym, params, args, size, align, target) RESOLVE_##target(sym)
 #include "entries.def"
 #undef AL_ENTRY
     _al_real.malloc_usable_size = (__typeof__(_al_real.malloc_usable_size))dlsym(RTLD_NEXT, "malloc_usable_size");
     _al_exec_resolve();
+    _al_exit_resolve();
     _al_threads_resolve();
     _al_locks_resolve();
     _al_signals_resolve();

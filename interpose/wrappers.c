@@ -5,7 +5,8 @@
  *   counted_ --mode sample, the thread marked busy: forget a sampled object, make the call,
  *            count it (and sample it);
  *   sampled_ --mode sample, the call counted already by the export: make it, sample it;
- *   slow_    anything unusual: first call of a thread, a nested call, start-up;
+ *   slow_    anything unusual: first call of a thread, a nested call, start-up, the
+ *            report written from _exit (served from our own pool: bootstrap.c);
  *   export   finds the thread's state and picks one of the above. It holds --mode sample's
  *            commonest paths itself (malloc-like calls and frees), so that those save no
  *            register: count the call, then jump to the allocator.
@@ -92,7 +93,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
     AL_IF_THROWS(target, guard_.stage = AL_UNWIND_NONE;)                               \
     _al_call_end(t, AL_OP_##op, counted_, c1 - c0)
 
-#define WRAP_ALLOC(op, sym, params, args, size, target)                                \
+#define WRAP_ALLOC(op, sym, params, args, size, align, target)                         \
     static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
     {                                                                                  \
         t->busy = 1;                                                                   \
@@ -124,6 +125,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
     }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
     {                                                                                  \
+        if (AL_UNLIKELY(_al_own_memory))                                               \
+            return _al_own_alloc((size), (align));                                     \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
@@ -152,7 +155,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
 
 /* An object given to realloc is retired (and forgotten by the sampler) first: once the
  * allocator has the address back another thread may get it, and record or sample it. */
-#define WRAP_REALLOC(op, sym, params, args, size, target)                              \
+#define WRAP_REALLOC(op, sym, params, args, size, align, target)                       \
     static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
     {                                                                                  \
         t->busy = 1;                                                                   \
@@ -184,6 +187,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
     }                                                                                  \
     static AL_NOINLINE void *slow_##sym params                                         \
     {                                                                                  \
+        if (AL_UNLIKELY(_al_own_memory))                                               \
+            return _al_own_realloc(p, (size));                                         \
         if (_al_bootstrap_owns(p))                                                     \
             return _al_bootstrap_realloc(p, (size));                                   \
         struct al_thread *t = _al_enter_slow();                                        \
@@ -205,7 +210,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
 
 /* A freed object's record is retired before the real free: once the allocator has the address
  * back, another thread may be handed it and record its own object there. */
-#define WRAP_FREE(op, sym, params, args, size, target)                                 \
+#define WRAP_FREE(op, sym, params, args, size, align, target)                          \
     static AL_NOINLINE void timed_##sym(struct al_thread *t, AL_STRIP(params))         \
     {                                                                                  \
         t->busy = 1;                                                                   \
@@ -223,6 +228,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
     }                                                                                  \
     static AL_NOINLINE void slow_##sym params                                          \
     {                                                                                  \
+        if (AL_UNLIKELY(_al_own_memory))                                               \
+            return; /* the process is ending: kept, not handed back */                 \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t && _al_hot.timed)                                                        \
             timed_##sym(t, AL_STRIP(args));                                            \
@@ -259,7 +266,19 @@ static inline void al_busy_cleanup(struct al_thread **t)
         t->busy = 0;                                                                   \
     }
 
-#define WRAP_MEMALIGN(op, sym, params, args, size, target)                             \
+/* posix_memalign while the thread is served from our pool: errno as the call found it. */
+static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
+{
+    int saved = errno;
+    void *r = _al_own_alloc(size, alignment);
+    int e = r ? 0 : errno;
+    errno = saved;
+    if (r)
+        *out = r;
+    return e;
+}
+
+#define WRAP_MEMALIGN(op, sym, params, args, size, align, target)                      \
     static AL_NOINLINE int timed_##sym(struct al_thread *t, AL_STRIP(params))          \
     {                                                                                  \
         t->busy = 1;                                                                   \
@@ -277,6 +296,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
     }                                                                                  \
     static AL_NOINLINE int slow_##sym params                                           \
     {                                                                                  \
+        if (AL_UNLIKELY(_al_own_memory))                                               \
+            return own_memalign(out, (align), (size));                                 \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
@@ -318,7 +339,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
 #define AL_THROWS_OWN_NEW_ALIGNED 1
 #define AL_THROWS_OWN_DELETE 0
 
-#define AL_ENTRY(kind, op, sym, params, args, size, target) WRAP_##kind(op, sym, params, args, size, target)
+#define AL_ENTRY(kind, op, sym, params, args, size, align, target) WRAP_##kind(op, sym, params, args, size, align, target)
 #include "entries.def"
 #undef AL_ENTRY
 

@@ -1,7 +1,7 @@
 /* The profiled process's life as alloclens sees it: start-up (resolving the real allocator,
  * which must work even when the first malloc comes before any constructor), fork (the child
  * counts afresh and writes its own report), exec (the image about to be replaced writes its
- * report first) and exit (the report, with the exit status). */
+ * report first) and exit (the report, with the exit status), through exit() or _exit. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -62,10 +62,11 @@ void _al_process_init(const struct al_process_hooks *h)
     initializing_here = 0;
 }
 
+/* The status as the parent will see it (exit(256) is 0). */
 static void on_exit_report(int status, void *arg)
 {
     (void)arg;
-    _al_report_write(AL_REPORT_EXIT, true, status);
+    _al_report_write(AL_REPORT_EXIT, true, status & 0xff);
 }
 
 static void atfork_prepare(void)
@@ -177,4 +178,20 @@ void _al_process_exec_failed(void)
     if (getpid() != image_pid)
         return;
     _al_report_forget_exec();
+}
+
+void _al_process_before_quick_exit(int status, bool *own_memory)
+{
+    if (atomic_load(&_al_state) != AL_STATE_READY || !started || getpid() != image_pid)
+        return; /* not started yet, or a vfork child: it shares our memory */
+    struct al_thread *t = _al_tls;
+    if (t && t->busy) {
+        /* A signal handler interrupted one of our calls: the state it left half-updated (and
+         * the lock it may hold) cannot be reported from here. */
+        _al_log("the program ended with _exit(%d) from inside an allocator call (a signal "
+                "handler's?): no report for this process", status & 0xff);
+        return;
+    }
+    *own_memory = true;
+    _al_report_write(AL_REPORT_EXIT, true, status & 0xff);
 }

@@ -40,8 +40,8 @@ def case(label, prog, args=(), main_report=True, child_statuses=(),
     main_report: the main process exits normally, so REPORT.json must hold its report.
     child_statuses: exit statuses that other processes' reports (REPORT.<pid>.json) must show,
         one report per entry.
-    check: optional function(tap, desc, main, sides, stdout) for checks of its own (stdout: the
-        profiled run's, bytes).
+    check: optional function(tap, desc, main, sides, stdout, stderr) for checks of its own
+        (stdout, stderr: the profiled run's, bytes).
     default_text: no --text (the human report goes to stderr, as by default), so stderr is not
         compared. An argument "@data" is a file in the run's own directory, whose content must
         be the same in both runs.
@@ -51,7 +51,7 @@ def case(label, prog, args=(), main_report=True, child_statuses=(),
                 default_text=default_text)
 
 
-def check_sigchld(tap, desc, main, sides, stdout):
+def check_sigchld(tap, desc, main, sides, stdout, stderr):
     """host_signals sigchld: the symbolizer, whose exit would raise SIGCHLD, was not run; the
     report says why its frames have dynamic symbols only."""
     sites = (main or {}).get("sites", {})
@@ -61,7 +61,7 @@ def check_sigchld(tap, desc, main, sides, stdout):
            "dynamic symbols only", f"{sites.get('sites')} sites; {sites.get('symbols')}: {sites.get('symbols_reason')}")
 
 
-def check_closed(tap, desc, main, sides, stdout):
+def check_closed(tap, desc, main, sides, stdout, stderr):
     """host_fds closed: the symbolizer's input and output are not the closed descriptors' numbers."""
     sites = (main or {}).get("sites", {})
     tap.ok(sites.get("available") and sites.get("sites") and sites.get("symbols") == "debug information",
@@ -69,7 +69,7 @@ def check_closed(tap, desc, main, sides, stdout):
            f"{sites.get('sites')} sites; {sites.get('symbols')}: {sites.get('symbols_reason')}")
 
 
-def check_inplace(tap, desc, main, sides, stdout):
+def check_inplace(tap, desc, main, sides, stdout, stderr):
     """host_exec inplace: the pre-exec image wrote a side report; the leaf (same pid, the main
     process) wrote REPORT.json with status 6."""
     argv = (main or {}).get("program", {}).get("argv", [])
@@ -81,7 +81,7 @@ def check_inplace(tap, desc, main, sides, stdout):
            f"side reports: {[r['program'].get('argv') for r in sides]}")
 
 
-def check_throw(tap, desc, main, sides, stdout):
+def check_throw(tap, desc, main, sides, stdout, stderr):
     """host_throw: every failed operator new counted (large, address n/a), and the calls the
     program makes after the exceptions unwound through the wrappers counted."""
     line = stdout.decode(errors="replace").strip()
@@ -98,6 +98,54 @@ def check_throw(tap, desc, main, sides, stdout):
     vallocs = sum(int(r["count"]) for r in ops if r["op"] == "valloc")
     tap.ok(vallocs == int(truth["valloc"]), f"{desc}: every valloc after the exceptions counted",
            f"program: {truth['valloc']}; report: {vallocs}")
+
+
+def valloc_lines(stdout):
+    return [int(l.split("=")[1]) for l in stdout.decode(errors="replace").splitlines()
+            if l.startswith("valloc=")]
+
+
+def report_vallocs(report):
+    return sum(int(r["count"]) for r in report.get("ops", []) if r["op"] == "valloc")
+
+
+def check_quick_exit(tap, desc, main, sides, stdout, stderr):
+    """host_quick_exit: the process that ended with _exit counted every valloc; so did a forked
+    child that did (its own report), and a vfork child left no report at all."""
+    lines = valloc_lines(stdout)
+    if not tap.ok(lines, f"{desc}: the program printed its valloc count", stdout):
+        return
+    got = report_vallocs(main or {})
+    tap.ok(got == lines[-1], f"{desc}: the main report counts every valloc",
+           f"program: {lines[-1]}; report: {got}")
+    main_pid = (main or {}).get("program", {}).get("pid")
+    children = sorted(report_vallocs(r) for r in sides if r["program"].get("pid") != main_pid)
+    tap.ok(children == sorted(lines[:-1]),
+           f"{desc}: a report for each forked child that ended with _exit, none for a vfork child",
+           f"children's lines {lines[:-1]}; side reports count {children}")
+
+
+def check_sh(tap, desc, main, sides, stdout, stderr):
+    """host_quick_exit sh: /bin/sh (dash on Debian, which ends with _exit) exec'd in place wrote
+    REPORT.json; the image it replaced wrote its side report with its 10 vallocs."""
+    argv = (main or {}).get("program", {}).get("argv", [])
+    tap.ok(argv[:2] == ["sh", "-c"], f"{desc}: REPORT.json is the shell's", f"argv {argv}")
+    pre = [r for r in sides if any(a.endswith("host_quick_exit") for a in r["program"].get("argv", []))]
+    tap.ok(len(pre) == 1 and report_vallocs(pre[0]) == valloc_lines(stdout)[0],
+           f"{desc}: the image replaced by exec wrote REPORT.<pid>.json, every valloc counted",
+           f"program: {valloc_lines(stdout)}; side reports: "
+           f"{[(r['program'].get('argv'), report_vallocs(r)) for r in sides]}")
+
+
+def check_in_malloc(tap, desc, main, sides, stdout, stderr):
+    """host_quick_exit in-malloc: _exit from a handler that most likely interrupted the allocator
+    (holding its lock): the run finished (checked already), and either the report is there,
+    written without the allocator, or one line says why there is none."""
+    said = b"no report for this process" in stderr
+    tap.ok((main is not None and main["program"].get("exit_status") == 7 and not said)
+           or (main is None and said),
+           f"{desc}: the report with exit status 7, or a line saying why not",
+           f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
 
 
 CASES = [
@@ -120,14 +168,24 @@ CASES = [
     case("raise SIGTERM", "host_signals", ["term"], main_report=False),
     case("SIGTERM with threads allocating", "host_signals", ["term-threads"], main_report=False),
     case("abort", "host_signals", ["abort"], main_report=False),
-    case("_exit from a signal handler", "host_signals", ["exit-handler"], main_report=False),
+    case("_exit from a signal handler", "host_signals", ["exit-handler"]),
     case("blocked signal, sigsuspend", "host_signals", ["mask"]),
     case("a SIGCHLD handler sees no child of alloclens", "host_signals", ["sigchld"],
          check=check_sigchld),
     case("dlopen/dlclose plugin", "host_dlopen", ["@plugin"]),
     case("exit(3) with 4 detached threads allocating", "host_exit_threads", ["exit"]),
     case("return 4 from main with threads allocating", "host_exit_threads", ["return"]),
-    case("_exit(5) with threads allocating", "host_exit_threads", ["_exit"], main_report=False),
+    case("_exit(5) with threads allocating", "host_exit_threads", ["_exit"]),
+    case("_exit(3)", "host_quick_exit", ["_exit"], check=check_quick_exit),
+    case("_Exit(4)", "host_quick_exit", ["_Exit"], check=check_quick_exit),
+    case("exit(0) whose atexit handler calls _exit(9)", "host_quick_exit", ["atexit"],
+         check=check_quick_exit),
+    case("forked child ends with _exit(6)", "host_quick_exit", ["fork"], child_statuses=[6],
+         check=check_quick_exit),
+    case("vfork child ends with _exit(2)", "host_quick_exit", ["vfork"], check=check_quick_exit),
+    case("sh -c exec'd in place ends with _exit(3)", "host_quick_exit", ["sh"], check=check_sh),
+    case("_exit(7) from a timer handler, likely inside the allocator", "host_quick_exit",
+         ["in-malloc"], main_report=False, default_text=True, check=check_in_malloc),
     case("exit(6) from a thread while others allocate", "host_exit_threads", ["thread"]),
     case("pthread_exit from main", "host_pthread_exit"),
     case("3320 short-lived threads", "host_threads", ["many"]),
@@ -309,7 +367,7 @@ def check(tap, alloc, c, plain, prof, ptmp, tmp):
                f"want exit statuses {want}, side reports show {got}\n"
                f"files: {sorted(os.listdir(tmp))}")
     if c["check"]:
-        c["check"](tap, desc, main, sides, prof.stdout)
+        c["check"](tap, desc, main, sides, prof.stdout, prof.stderr)
 
 
 def main():
