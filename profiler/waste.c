@@ -35,7 +35,9 @@ static struct {
      * measurements the last one plus what the process has grown since (the heap cannot grow
      * by more). */
     _Atomic uint64_t highest;
-    _Atomic uint64_t measured, measured_rss; /* the last measurement, and the resident size then */
+    /* The last measurement and the resident size then, in pages, as one word (heap << 32 |
+     * rss) so that a look never pairs one measurement's heap with another's size. */
+    _Atomic uint64_t measured;
     int64_t (*sums)[AL_CLS_N];
 } snap;
 
@@ -287,27 +289,33 @@ static void take(struct al_waste_snapshot *s, uint64_t total)
     s->taken = true;
 }
 
+static void raise_highest(uint64_t bytes)
+{
+    uint64_t h = atomic_load_explicit(&snap.highest, memory_order_relaxed);
+    while (bytes > h && !atomic_compare_exchange_weak_explicit(&snap.highest, &h, bytes, memory_order_relaxed,
+                                                               memory_order_relaxed))
+        ;
+}
+
 /* The process's resident size is the cheap first look (one read of /proc/self/statm): the
  * heap cannot have grown by a step unless it grew by one. Then the heap itself is measured,
  * and a snapshot taken only if it passed the peak by a step. */
 static void check_footprint(void)
 {
     uint64_t rss = rss_now();
-    uint64_t at = atomic_load_explicit(&snap.measured_rss, memory_order_relaxed);
-    if (at) { /* before the first measurement there is nothing to add the growth to */
-        uint64_t bound = atomic_load_explicit(&snap.measured, memory_order_relaxed) + (rss > at ? rss - at : 0);
-        if (bound > atomic_load_explicit(&snap.highest, memory_order_relaxed))
-            atomic_store_explicit(&snap.highest, bound, memory_order_relaxed); /* a racing look may lower it a little */
+    uint64_t last = atomic_load_explicit(&snap.measured, memory_order_relaxed);
+    if (last) { /* before the first measurement there is nothing to add the growth to */
+        uint64_t heap = (last >> 32) * 4096, at = (last & 0xffffffffu) * 4096;
+        raise_highest(heap + (rss > at ? rss - at : 0));
     }
     if (rss < __atomic_load_n(&snap.next_rss, __ATOMIC_RELAXED))
         return;
     if (!_al_spin_trylock(&snap.lock))
         return; /* another thread is taking one */
     uint64_t total = _al_heap_resident();
-    atomic_store_explicit(&snap.measured, total, memory_order_relaxed);
-    atomic_store_explicit(&snap.measured_rss, rss, memory_order_relaxed);
-    if (total > atomic_load_explicit(&snap.highest, memory_order_relaxed))
-        atomic_store_explicit(&snap.highest, total, memory_order_relaxed);
+    atomic_store_explicit(&snap.measured, (total / 4096) << 32 | (rss / 4096 & 0xffffffffu),
+                          memory_order_relaxed);
+    raise_highest(total);
     /* The heap cannot pass the mark before the process grows by what it lacks. */
     uint64_t lack = _al_waste.peak.taken && total < _al_waste.peak.total + AL_SNAP_STEP
                         ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
@@ -364,7 +372,6 @@ void _al_waste_after_fork_child(void)
     snap.taken = 0;
     atomic_store(&snap.highest, 0);
     atomic_store(&snap.measured, 0);
-    atomic_store(&snap.measured_rss, 0);
     _al_waste.peak.taken = false;
     _al_waste.peak.total = 0;
 }
