@@ -35,7 +35,6 @@
 #include <perfmon/pfmlib_perf_event.h>
 
 struct al_counters_config _al_counters = { .sample_every = 1 };
-static struct al_clock_pair init_pair; /* TSC and CLOCK_MONOTONIC at init */
 
 #define SAMPLE_EVERY_MAX 1000000u
 
@@ -374,7 +373,7 @@ static int choose_default(bool *user_only)
 static void counters_init(const char *events, unsigned sample_every)
 {
     memset(&_al_counters, 0, sizeof _al_counters);
-    init_pair = _al_tsc_pair_now();
+    _al_tsc_start_init();
     if (sample_every < 1)
         sample_every = 1;
     if (sample_every > SAMPLE_EVERY_MAX)
@@ -688,7 +687,7 @@ void _al_ring_window_add(const struct perf_event_header *rec, void *arg)
     }
 }
 
-/* The TSC's rate against CLOCK_MONOTONIC since init (0 while that is under 100 us): coarse
+/* The TSC's rate against CLOCK_MONOTONIC since start-up (0 while that is under 100 us): coarse
  * at first, good enough to tell a call's time from a preemption's. */
 static double rough_rate(void)
 {
@@ -697,8 +696,8 @@ static double rough_rate(void)
     if (r > 0)
         return r;
     struct al_clock_pair now = _al_tsc_pair_now();
-    r = _al_tsc_rate(init_pair, now);
-    if (now.ns - init_pair.ns >= 100000000) /* 0.1 s: kept */
+    r = _al_tsc_rate(_al_tsc_start(), now);
+    if (now.ns - _al_tsc_start().ns >= 100000000) /* 0.1 s: kept */
         atomic_store_explicit(&settled, r, memory_order_relaxed);
     return r;
 }

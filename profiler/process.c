@@ -46,6 +46,7 @@ void _al_process_init(const struct al_process_hooks *h)
     initializing_here = 1;
     hooks = h;
     _al_hot.tsc_overhead = _al_tsc_measure_overhead();
+    _al_tsc_start_init();
     if (h->resolve() < 0) {
         static const char msg[] = "alloclens: cannot find the real malloc behind the preload; aborting\n";
         (void)!write(STDERR_FILENO, msg, sizeof msg - 1);

@@ -169,6 +169,10 @@ uint64_t _al_tsc_measure_overhead(void);
 struct al_clock_pair _al_tsc_pair_now(void);
 /* Cycles per nanosecond between two pairs; 0 when the interval is too short to tell. */
 double _al_tsc_rate(struct al_clock_pair a, struct al_clock_pair b);
+/* The pair taken when this image started (a forked child keeps its parent's): what rates
+ * are measured from. _al_tsc_start_init takes it if it is not taken yet. */
+void _al_tsc_start_init(void);
+struct al_clock_pair _al_tsc_start(void);
 
 /* ---- mem.c: the profiler's own memory, from mmap only -------------------------------------- */
 

@@ -73,7 +73,7 @@ static void gather(struct al_report *r, bool has_status, int status)
     r->has_exit_status = has_status;
     r->exit_status = status;
     struct al_clock_pair now = _al_tsc_pair_now();
-    r->cycles_per_ns = _al_tsc_rate(image_start, now);
+    r->cycles_per_ns = _al_tsc_rate(_al_tsc_start(), now);
     if (r->cycles_per_ns == 0.0) {
         /* A very short run: spend a millisecond now so the rate is good to 0.1%. */
         struct al_clock_pair a = _al_tsc_pair_now(), b;
@@ -278,6 +278,9 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
 {
     if (atomic_exchange(&written, 1))
         return;
+    bool main_image = kind == AL_REPORT_EXIT && getpid() == _al_settings.main_pid;
+    if (!_al_settings.output && !(main_image && (_al_settings.text || _al_settings.pprof)))
+        return; /* nothing to write (a shell's subshells, without -o): nothing to gather */
     pending = (struct write_args){ kind, has_status, status };
     void *stack = _al_mem_map(REPORT_STACK);
     if (!stack || getcontext(&report_ctx) < 0) {

@@ -1,8 +1,10 @@
 /* The cycle counter: what a measurement itself costs, and how cycles convert to time.
  *
  * The TSC is invariant on the machines we run on (constant_tsc, nonstop_tsc), so one rate
- * holds for the whole run: it is taken between the process start and the report, against
+ * holds for the whole run: it is taken between the image's start and the report, against
  * CLOCK_MONOTONIC, which costs nothing at start-up and gets more precise the longer the run.
+ * The start is kept across fork (the counter is the machine's), so a short-lived child's
+ * report has its parent's run to measure the rate over.
  */
 #include <time.h>
 
@@ -29,6 +31,19 @@ uint64_t _al_tsc_measure_overhead(void)
         d[j + 1] = v;
     }
     return d[N / 2];
+}
+
+static struct al_clock_pair start;
+
+void _al_tsc_start_init(void)
+{
+    if (start.ns == 0)
+        start = _al_tsc_pair_now();
+}
+
+struct al_clock_pair _al_tsc_start(void)
+{
+    return start;
 }
 
 struct al_clock_pair _al_tsc_pair_now(void)
