@@ -128,10 +128,16 @@ static const void *own_malloc_addr(void)
     return (const void *)_al_own_malloc;
 }
 
+static al_usable_size_fn *real_usable_size(void)
+{
+    return _al_real.malloc_usable_size;
+}
+
 static const struct al_process_hooks hooks = {
     .resolve = real_resolve,
     .malloc_addr = real_malloc_addr,
     .own_malloc = own_malloc_addr,
+    .usable_size = real_usable_size,
 };
 
 AL_NOINLINE struct al_thread *_al_enter_slow(void)

@@ -535,7 +535,6 @@ struct al_waste_state {
     struct al_class_table table;
     uint32_t nclasses;             /* rows 0..nclasses-1: the table's classes */
     uint32_t slot_any, slot_large, nslots; /* small objects without a table; large objects */
-    size_t (*usable)(void *);
     _Atomic int64_t *blowup;       /* per row: freed bytes not yet taken again */
     int64_t (*exited)[AL_CLS_N];   /* rows of exited threads */
     struct al_waste_snapshot peak, final;
@@ -852,11 +851,18 @@ extern _Atomic int _al_state;
 extern struct al_settings _al_settings;
 
 /* Interposer callbacks, so process.c can resolve symbols without depending on interpose/. */
+typedef size_t al_usable_size_fn(void *);
+
 struct al_process_hooks {
     int (*resolve)(void);              /* looks up the real functions; 0 or negative errno */
     const void *(*malloc_addr)(void);  /* the real malloc */
     const void *(*own_malloc)(void);   /* our exported malloc */
+    al_usable_size_fn *(*usable_size)(void); /* the allocator's malloc_usable_size, or NULL */
 };
+
+/* The allocator's malloc_usable_size (ours, first in the global scope, only forwards to it),
+ * resolved with the rest at start-up; NULL if it has none. */
+extern al_usable_size_fn *_al_usable_size;
 
 void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */

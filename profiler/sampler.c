@@ -13,7 +13,6 @@
  * modes only on a page that holds a live sample (sampler.h). Everything else happens under
  * one lock, only for sampled objects.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
@@ -154,8 +153,6 @@ void _al_sampler_init(const struct al_settings *set)
     s.slots = _al_mem_map(sizeof(struct slot) << s.slot_bits);
     _al_sampler.sites = _al_mem_map((size_t)AL_SITES_MAX * sizeof(struct al_site));
     _al_sampler.slots = _al_mem_map(AL_SITE_SLOTS * sizeof(uint32_t));
-    /* The allocator's own (ours, first in the global scope, would only forward to it). */
-    _al_sampler.usable_size = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
     if (!s.samples || !s.slots || !_al_sampler.sites || !_al_sampler.slots) {
         _al_log("no memory for the site sampler: sites are not reported");
         _al_sampler.rate = 0;
@@ -421,7 +418,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
         return;
     uintptr_t frames[AL_SITE_FRAMES];
     unsigned n = capture(frames);
-    uint64_t usable = _al_sampler.usable_size ? _al_sampler.usable_size(p) : size;
+    uint64_t usable = _al_usable_size ? _al_usable_size(p) : size;
     double prob = -expm1(-((double)size + 1.0) / _al_sampler.rate);
     double objects = 1.0 / prob, bytes = (double)size / prob;
     uint64_t now = _al_tsc();

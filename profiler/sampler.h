@@ -28,7 +28,6 @@ struct al_sampler {
     bool enabled;
     double rate;
     uint64_t seed;
-    size_t (*usable_size)(void *);
     struct al_site *sites;
     uint32_t nsites;
     uint32_t *slots;                   /* site id + 1 per hash slot, 0: empty */

@@ -16,7 +16,6 @@
  * the report (the state at exit replaces it only if it passed the largest footprint there may
  * have been at a look by more than the rule can miss).
  */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -69,7 +68,6 @@ void _al_waste_init(const struct al_alloc_config *c)
         snprintf(w->reason, sizeof w->reason, "the shadow table could not be mapped");
         return;
     }
-    w->usable = (size_t (*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
     if (c && c->large_threshold == _al_hot.large_threshold) {
         size_t bytes = _al_class_table_bytes(c);
         void *mem = bytes ? _al_mem_map(bytes) : NULL;
@@ -95,7 +93,7 @@ void _al_waste_init(const struct al_alloc_config *c)
                  "no size classes for this allocator (%s): each object's class is its usable size, "
                  "all small classes in one row", _al_allocator.config_reason[0] ? _al_allocator.config_reason
                                                                                  : "the config does not match");
-    if (!w->usable && !w->has_table)
+    if (!_al_usable_size && !w->has_table)
         snprintf(w->classes_reason, sizeof w->classes_reason,
                  "neither size classes nor malloc_usable_size: internal fragmentation of small objects "
                  "is not measured");
@@ -141,7 +139,7 @@ void _al_waste_thread_retire(struct al_thread *t)
 
 static size_t usable(void *p)
 {
-    return _al_waste.usable ? _al_waste.usable(p) : 0;
+    return _al_usable_size ? _al_usable_size(p) : 0;
 }
 
 /* The class row of an object, what the row's class size leaves out (EXTRA), and the bytes it
@@ -271,7 +269,7 @@ static void take(struct al_waste_snapshot *s, uint64_t total)
         int64_t size = i < w->nclasses ? (int64_t)w->table.classes[i] : 0;
         int64_t internal = objects * size + snap.sums[i][AL_CLS_EXTRA] - req;
         int64_t blowup = atomic_load_explicit(&w->blowup[i], memory_order_relaxed);
-        if (internal < 0 || (i == w->slot_any && !w->usable))
+        if (internal < 0 || (i == w->slot_any && !_al_usable_size))
             internal = 0;
         if (blowup < 0)
             blowup = 0;
