@@ -92,16 +92,15 @@ static void *copy_into(void *n, const void *p, size_t old, size_t size)
 
 void *_al_bootstrap_realloc(void *p, size_t size)
 {
-    void *n = _al_own_memory ? _al_own_alloc(size, ALIGN)
-              : _al_real.malloc ? _al_real.malloc(size) : _al_bootstrap_alloc(size);
+    void *n = _al_real.malloc ? _al_real.malloc(size) : _al_bootstrap_alloc(size);
     return copy_into(n, p, _al_bootstrap_usable_size(p), size);
 }
 
 void *_al_own_realloc(void *p, size_t size)
 {
-    if (!p || _al_bootstrap_owns(p))
-        return p ? _al_bootstrap_realloc(p, size) : _al_own_alloc(size, ALIGN);
     /* The real allocator's object stays where it is: the process is ending. */
-    size_t old = _al_real.malloc_usable_size ? _al_real.malloc_usable_size(p) : 0;
+    size_t old = !p ? 0
+                 : _al_bootstrap_owns(p) ? _al_bootstrap_usable_size(p)
+                 : _al_real.malloc_usable_size ? _al_real.malloc_usable_size(p) : 0;
     return copy_into(_al_own_alloc(size, ALIGN), p, old, size);
 }

@@ -20,10 +20,10 @@ void _al_exit_resolve(void)
     next_exit = (__typeof__(next_exit))dlsym(RTLD_NEXT, "_exit");
 }
 
-static _Noreturn void quick_exit_with(int status)
+static _Noreturn void exit_now(int status)
 {
     /* Not set here: a vfork child shares this thread's flag with its parent. */
-    _al_process_before_quick_exit(status, &_al_own_memory);
+    _al_process_before_exit_syscall(status, &_al_own_memory);
     if (AL_LIKELY(next_exit != NULL))
         next_exit(status);
     for (;;)
@@ -32,10 +32,10 @@ static _Noreturn void quick_exit_with(int status)
 
 AL_EXPORT void _exit(int status)
 {
-    quick_exit_with(status);
+    exit_now(status);
 }
 
 AL_EXPORT void _Exit(int status)
 {
-    quick_exit_with(status);
+    exit_now(status);
 }

@@ -168,25 +168,29 @@ void _al_process_start(void)
         t->busy = was_busy;
 }
 
+/* Whether this is the image's own process: a vfork child shares our memory and never ran the
+ * fork handlers, so it must not write (nor withdraw) a report. */
+static bool own_process(void)
+{
+    return getpid() == image_pid;
+}
+
 void _al_process_before_exec(void)
 {
-    /* A vfork child shares our memory and never ran the fork handlers: it must not write. */
-    if (getpid() != image_pid)
-        return;
-    _al_report_write(AL_REPORT_EXEC, false, 0);
+    if (own_process())
+        _al_report_write(AL_REPORT_EXEC, false, 0);
 }
 
 void _al_process_exec_failed(void)
 {
-    if (getpid() != image_pid)
-        return;
-    _al_report_forget_exec();
+    if (own_process())
+        _al_report_forget_exec();
 }
 
-void _al_process_before_quick_exit(int status, bool *own_memory)
+void _al_process_before_exit_syscall(int status, bool *own_memory)
 {
-    if (atomic_load(&_al_state) != AL_STATE_READY || !started || getpid() != image_pid)
-        return; /* not started yet, or a vfork child: it shares our memory */
+    if (atomic_load(&_al_state) != AL_STATE_READY || !started || !own_process())
+        return;
     struct al_thread *t = _al_tls;
     if (t && t->busy) {
         /* A signal handler interrupted one of our calls: the state it left half-updated (and

@@ -871,7 +871,7 @@ void _al_process_exec_failed(void);
 /* _exit or _Exit, called by the program: exit() and so our handler will not run. Writes the
  * report unless this is a vfork child or the thread is inside one of our calls, setting
  * *OWN_MEMORY first (the thread's allocations then bypass the allocator). */
-void _al_process_before_quick_exit(int status, bool *own_memory);
+void _al_process_before_exit_syscall(int status, bool *own_memory);
 
 /* ---- allocator.c: which library really serves the calls ----------------------------------- */
 

@@ -193,12 +193,13 @@ struct write_args {
     enum al_report_kind kind;
     bool has_status;
     int status;
+    bool main_image; /* the run's main process at its exit: writes OUTPUT itself, text, pprof */
 };
 
 static void write_report(struct write_args *w)
 {
     enum al_report_kind kind = w->kind;
-    bool has_status = w->has_status;
+    bool has_status = w->has_status, main_image = w->main_image;
     int status = w->status;
     struct al_thread *t = _al_tls;
     int was_busy = t ? t->busy : 0;
@@ -213,7 +214,6 @@ static void write_report(struct write_args *w)
     }
     r->hist = hist;
     gather(r, has_status, status);
-    bool main_image = kind == AL_REPORT_EXIT && r->pid == _al_settings.main_pid;
     /* The sites' frames are named once for every writer below: from debug information in the
      * main process (the only one to write text and pprof), else the dynamic symbol table. */
     if (_al_sampler.enabled)
@@ -281,7 +281,7 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
     bool main_image = kind == AL_REPORT_EXIT && getpid() == _al_settings.main_pid;
     if (!_al_settings.output && !(main_image && (_al_settings.text || _al_settings.pprof)))
         return; /* nothing to write (a shell's subshells, without -o): nothing to gather */
-    pending = (struct write_args){ kind, has_status, status };
+    pending = (struct write_args){ kind, has_status, status, main_image };
     void *stack = _al_mem_map(REPORT_STACK);
     if (!stack || getcontext(&report_ctx) < 0) {
         write_report(&pending); /* no memory for a stack: try on the caller's */
