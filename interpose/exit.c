@@ -1,12 +1,16 @@
-/* _exit and _Exit: a process that ends without exit() still writes its report. dash ends that
- * way (so every `sh -c` and #!/bin/sh script on Debian), as do forked children that are done,
- * and programs leaving from a signal handler. exit() itself reaches libc's _exit internally,
- * not through here, after our exit handler has written the report.
+/* _exit, _Exit and quick_exit: a process that ends without exit() still writes its report.
+ * dash ends that way (so every `sh -c` and #!/bin/sh script on Debian), as do forked children
+ * that are done, and programs leaving from a signal handler. exit() itself reaches libc's _exit
+ * internally, not through here, after our exit handler has written the report; quick_exit
+ * does too, after the at_quick_exit handlers, the last of which is ours (the first
+ * registered).
  *
  * _exit is async-signal-safe and may interrupt the allocator holding a lock: while the report
  * is written, this thread's allocations come from our own pool (bootstrap.c), never from the
  * allocator. */
 #include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -14,16 +18,37 @@
 
 /* Resolved at start-up: a vfork child calling _exit must not need the dynamic loader. */
 static void (*next_exit)(int) __attribute__((noreturn));
+static void (*next_quick_exit)(int) __attribute__((noreturn));
+
+/* What quick_exit was given, for our handler: the handlers take no argument. */
+static _Atomic int quick_exit_status;
 
 void _al_exit_resolve(void)
 {
     next_exit = (__typeof__(next_exit))dlsym(RTLD_NEXT, "_exit");
+    next_quick_exit = (__typeof__(next_quick_exit))dlsym(RTLD_NEXT, "quick_exit");
+}
+
+static void report_before_exit(int status)
+{
+    /* Not set here: a vfork child shares this thread's flag with its parent. */
+    _al_process_before_exit_syscall(status, &_al_own_memory);
+}
+
+static void quick_exit_report(void)
+{
+    report_before_exit(atomic_load(&quick_exit_status));
+}
+
+void _al_exit_start(void)
+{
+    /* From our constructor, before the program registers its own: ours runs last. */
+    at_quick_exit(quick_exit_report);
 }
 
 static _Noreturn void exit_now(int status)
 {
-    /* Not set here: a vfork child shares this thread's flag with its parent. */
-    _al_process_before_exit_syscall(status, &_al_own_memory);
+    report_before_exit(status);
     if (AL_LIKELY(next_exit != NULL))
         next_exit(status);
     for (;;)
@@ -37,5 +62,13 @@ AL_EXPORT void _exit(int status)
 
 AL_EXPORT void _Exit(int status)
 {
+    exit_now(status);
+}
+
+AL_EXPORT void quick_exit(int status)
+{
+    atomic_store(&quick_exit_status, status);
+    if (AL_LIKELY(next_quick_exit != NULL))
+        next_quick_exit(status);
     exit_now(status);
 }

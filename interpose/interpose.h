@@ -44,6 +44,7 @@ static inline size_t _al_mul_size(size_t k, size_t n)
  * rest at start-up */
 void _al_exec_resolve(void);
 void _al_exit_resolve(void);
+void _al_exit_start(void); /* from our constructor: registers the quick_exit handler */
 void _al_threads_resolve(void);
 void _al_locks_resolve(void);
 void _al_signals_resolve(void);

@@ -159,4 +159,5 @@ __attribute__((constructor)) static void alloclens_start(void)
     if (atomic_load(&_al_state) != AL_STATE_READY)
         _al_process_init(&hooks);
     _al_process_start();
+    _al_exit_start();
 }

@@ -195,8 +195,8 @@ void _al_process_before_exit_syscall(int status, bool *own_memory)
     if (t && t->busy) {
         /* A signal handler interrupted one of our calls: the state it left half-updated (and
          * the lock it may hold) cannot be reported from here. */
-        _al_log("the program ended with _exit(%d) from inside an allocator call (a signal "
-                "handler's?): no report for this process", status & 0xff);
+        _al_log("the program ended without exit() (status %d) from inside an allocator call "
+                "(a signal handler's?): no report for this process", status & 0xff);
         return;
     }
     *own_memory = true;

@@ -868,9 +868,10 @@ void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */
 void _al_process_before_exec(void);
 void _al_process_exec_failed(void);
-/* _exit or _Exit, called by the program: exit() and so our handler will not run. Writes the
- * report unless this is a vfork child or the thread is inside one of our calls, setting
- * *OWN_MEMORY first (the thread's allocations then bypass the allocator). */
+/* _exit or _Exit called by the program, or quick_exit's handlers done: exit() and so our
+ * handler will not run. Writes the report unless this is a vfork child or the thread is inside
+ * one of our calls, setting *OWN_MEMORY first (the thread's allocations then bypass the
+ * allocator). */
 void _al_process_before_exit_syscall(int status, bool *own_memory);
 
 /* ---- allocator.c: which library really serves the calls ----------------------------------- */

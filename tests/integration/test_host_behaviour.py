@@ -125,6 +125,16 @@ def check_quick_exit(tap, desc, main, sides, stdout, stderr):
            f"children's lines {lines[:-1]}; side reports count {children}")
 
 
+def check_quick_exit_handler(tap, desc, main, sides, stdout, stderr):
+    """host_quick_exit quick_exit: the report was written after the program's at_quick_exit
+    handler, so it counts the handler's vallocs too, with quick_exit's status."""
+    lines = valloc_lines(stdout)
+    got = report_vallocs(main or {})
+    tap.ok(len(lines) == 2 and got == sum(lines) and main["program"].get("exit_status") == 5,
+           f"{desc}: the report counts every valloc, the handler's included, with status 5",
+           f"program: {lines}; report: {got}, status {(main or {}).get('program', {}).get('exit_status')}")
+
+
 def check_sh(tap, desc, main, sides, stdout, stderr):
     """host_quick_exit sh: /bin/sh (dash on Debian, which ends with _exit) exec'd in place wrote
     REPORT.json; the image it replaced wrote its side report with its 10 vallocs."""
@@ -183,6 +193,8 @@ CASES = [
     case("forked child ends with _exit(6)", "host_quick_exit", ["fork"], child_statuses=[6],
          check=check_quick_exit),
     case("vfork child ends with _exit(2)", "host_quick_exit", ["vfork"], check=check_quick_exit),
+    case("quick_exit(5), whose handler allocates", "host_quick_exit", ["quick_exit"],
+         check=check_quick_exit_handler),
     case("sh -c exec'd in place ends with _exit(3)", "host_quick_exit", ["sh"], check=check_sh),
     case("_exit(7) from a timer handler, likely inside the allocator", "host_quick_exit",
          ["in-malloc"], main_report=False, default_text=True, check=check_in_malloc),

@@ -11,6 +11,7 @@
  *              written for it); then the parent makes 1000 vallocs and exits 0
  *   sh         10 vallocs, then exec /bin/sh -c 'echo ...; exit 3' in place (dash, Debian's
  *              sh, ends with _exit)
+ *   quick_exit 1000 vallocs, then quick_exit(5); its at_quick_exit handler makes 200 more
  *   in-malloc  two threads; the main one frees and allocates 5000-byte blocks (past glibc's
  *              per-thread cache, so under its arena lock) until an interval timer's handler
  *              calls _exit(7), most likely from inside the allocator */
@@ -40,6 +41,11 @@ static void vallocs(int n)
 static void exit_from_atexit(void)
 {
     _exit(9);
+}
+
+static void vallocs_at_quick_exit(void)
+{
+    vallocs(200);
 }
 
 static volatile sig_atomic_t ticks;
@@ -103,6 +109,11 @@ int main(int argc, char **argv)
         printf("child %d\n", st);
         return 0;
     }
+    if (!strcmp(mode, "quick_exit")) {
+        at_quick_exit(vallocs_at_quick_exit);
+        vallocs(1000);
+        quick_exit(5);
+    }
     if (!strcmp(mode, "sh")) {
         vallocs(10);
         execl("/bin/sh", "sh", "-c", "echo from sh; exit 3", (char *)NULL);
@@ -123,6 +134,6 @@ int main(int argc, char **argv)
             keep[i % 64] = malloc(5000 + i % 64);
         }
     }
-    fprintf(stderr, "usage: host_quick_exit _exit|_Exit|atexit|fork|vfork|sh|in-malloc\n");
+    fprintf(stderr, "usage: host_quick_exit _exit|_Exit|atexit|fork|vfork|quick_exit|sh|in-malloc\n");
     return 2;
 }
