@@ -185,6 +185,11 @@ void _al_sampler_atfork_child(void)
         s.live_bytes = s.residency_peak = 0;
         s.residency_pending = false;
     }
+    /* Opened in the parent, it reads the parent's pages: the child opens its own. */
+    if (s.pagemap >= 0) {
+        close(s.pagemap);
+        s.pagemap = -1;
+    }
     unlock();
 }
 

@@ -9,7 +9,12 @@
  * comes only after the quarter was written. Both stay live until exit. The program prints its
  * truth ("after" is 0 without --after):
  *
- *   {"buffer":67108864,"touched":16777216,"after":8388608}
+ *   {"buffer":67108864,"touched":16777216,"after":8388608,"child":0}
+ *
+ * With --fork, the process first allocates, writes and frees 4 MiB (site_parent_scratch), so
+ * that its pagemap has been read before; then a forked child does the above (without
+ * --after) and exits, and its truth also says its pid ("child"), whose report is the one to
+ * read. The parent only waits for it.
  *
  * The buffer is far larger than the sampling rate (p = 1 - e^(-64 MiB / R), 1 for any R of a
  * few MiB or less), so the site is sampled in every run.
@@ -17,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define NOINL __attribute__((noinline, noclone))
@@ -42,17 +48,41 @@ NOINL static void site_after_touch(size_t size)
     after = p;
 }
 
+NOINL static void site_parent_scratch(size_t size)
+{
+    char *p = malloc(size);
+    if (!p)
+        abort();
+    memset(p, 0x33, size);
+    after = p;
+    free(after);
+}
+
 int main(int argc, char **argv)
 {
     const size_t size = 64 * MiB, touched = size / 4;
     size_t more = argc > 1 && strcmp(argv[1], "--after") == 0 ? 8 * MiB : 0;
+    pid_t child = 0;
     char out[256];
 
+    if (argc > 1 && strcmp(argv[1], "--fork") == 0) {
+        site_parent_scratch(4 * MiB);
+        child = fork();
+        if (child < 0)
+            return 1;
+        if (child > 0) {
+            int status;
+            if (waitpid(child, &status, 0) != child)
+                return 1;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+        }
+        child = getpid();
+    }
     site_touch_quarter(size, touched);
     if (more)
         site_after_touch(more);
-    int len = snprintf(out, sizeof out, "{\"buffer\":%zu,\"touched\":%zu,\"after\":%zu}\n",
-                       size, touched, more);
+    int len = snprintf(out, sizeof out, "{\"buffer\":%zu,\"touched\":%zu,\"after\":%zu,\"child\":%d}\n",
+                       size, touched, more, (int)child);
     if (write(1, out, (size_t)len) != len)
         return 1;
     return buffer[0] == 0x5a && (!more || after[0] == (char)0xa5) ? 0 : 1; /* live until exit */
