@@ -41,6 +41,15 @@ void _al_buf_putn(struct al_buf *b, const char *s, size_t n)
     b->data[b->len] = '\0';
 }
 
+void _al_buf_u64(struct al_buf *b, uint64_t v)
+{
+    char tmp[20], *e = tmp + sizeof tmp, *d = e;
+    do
+        *--d = (char)('0' + v % 10);
+    while (v /= 10);
+    _al_buf_putn(b, d, (size_t)(e - d));
+}
+
 void _al_buf_puts(struct al_buf *b, const char *s)
 {
     _al_buf_putn(b, s, strlen(s));

@@ -85,6 +85,21 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
     return n;
 }
 
+void _al_proc_written_pages(int pagemap, const void *p, size_t pages, uint64_t *written)
+{
+    memset(written, 0xff, (pages + 63) / 64 * sizeof *written);
+    uint64_t first = (uintptr_t)p / 4096, entries[128];
+    for (size_t i = 0; pagemap >= 0 && i < pages;) {
+        size_t k = pages - i < 128 ? pages - i : 128;
+        ssize_t got = pread(pagemap, entries, k * sizeof *entries, (off_t)((first + i) * sizeof *entries));
+        if (got <= 0)
+            return; /* the rest count as written */
+        for (size_t j = 0; j < (size_t)got / sizeof *entries; j++, i++)
+            if (!(entries[j] >> 62)) /* neither present (bit 63) nor swapped (bit 62) */
+                written[i / 64] &= ~(1ull << (i % 64));
+    }
+}
+
 bool _al_proc_append(const char *path, struct al_buf *b)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

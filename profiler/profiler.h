@@ -243,6 +243,7 @@ struct al_buf {
 
 void _al_buf_putn(struct al_buf *b, const char *s, size_t n);
 void _al_buf_puts(struct al_buf *b, const char *s);
+void _al_buf_u64(struct al_buf *b, uint64_t v); /* in decimal; for long lists, without printf */
 void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
 void _al_buf_free(struct al_buf *b);
@@ -487,6 +488,11 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
 bool _al_proc_append(const char *path, struct al_buf *b);
 /* The unsigned number at *S in BASE (10 or 16, lower-case digits); *S is left after it. */
 uint64_t _al_proc_num(const char **s, unsigned base);
+/* Which pages of a private anonymous mapping may hold anything but zeros: bit I of WRITTEN
+ * ((PAGES + 63) / 64 words) is clear only where the pagemap (/proc/self/pagemap open at
+ * PAGEMAP) says page I of [P, P + PAGES * 4096) is neither resident nor swapped out, which in
+ * such a mapping means never written. Bits the pagemap cannot tell (PAGEMAP < 0) are set. */
+void _al_proc_written_pages(int pagemap, const void *p, size_t pages, uint64_t *written);
 
 /* ---- heap.c: the allocator's heap ranges and their residency ------------------------------- */
 
@@ -519,12 +525,32 @@ enum { AL_SLOT_OBJECTS, AL_SLOT_REQUESTED, AL_SLOT_INTERNAL, AL_SLOT_BLOWUP, AL_
 #define AL_SNAP_CHECK_BYTES (256 << 10)
 #define AL_SNAP_STEP (1u << 20) /* a snapshot when the footprint passes its peak by this */
 
+/* The class tables (a row per size class, page-aligned mappings of their own) are large and
+ * mostly zero. What sums them writes only rows it has something to add to, and skips pages
+ * never written, so that pages no class uses cost neither memory nor time (in a forked child,
+ * whose tables are its parent's pages until written, a fault and a copy each). */
+#define AL_TABLE_PAGES_MAX (((size_t)AL_CONFIG_MAX_CLASSES + 2) * AL_CLS_N * sizeof(int64_t) / 4096 + 1)
+#define AL_TABLE_WORDS ((AL_TABLE_PAGES_MAX + 63) / 64)
+
+AL_INLINE size_t _al_table_pages(uint32_t rows, size_t row_bytes)
+{
+    return (rows * row_bytes + 4095) / 4096;
+}
+
+/* Whether ROW of a table whose rows are ROW_BYTES long is on a page WRITTEN marks. */
+AL_INLINE bool _al_table_row_written(const uint64_t *written, uint32_t row, size_t row_bytes)
+{
+    size_t page = row * row_bytes / 4096;
+    return (written[page / 64] >> (page % 64)) & 1;
+}
+
 struct al_waste_snapshot {
     bool taken;
     uint64_t tsc;
     uint64_t total, live, internal, blowup, objects;
     int64_t external;              /* total - live - internal - blowup (negative: unbacked) */
     int64_t (*cls)[AL_SLOT_N];     /* per row */
+    uint64_t pages[AL_TABLE_WORDS]; /* the pages of cls that may hold rows not zero */
 };
 
 struct al_waste_state {
@@ -564,7 +590,16 @@ void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo 
 void _al_waste_check(struct al_thread *t);
 void _al_waste_final(void);
 void _al_waste_after_fork_child(void);
-void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots);
+/* Adds every running thread's class rows, and those of the threads that exited, to DST,
+ * skipping the pages of their tables never written (PAGEMAP: see _al_proc_written_pages). */
+void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots, int pagemap);
+
+/* Adds V to *D, writing only if V is not zero. */
+AL_INLINE void _al_add_nonzero(int64_t *d, int64_t v)
+{
+    if (v)
+        *d += v;
+}
 
 /* An allocation of SIZE bytes of class SLOT takes back freed bytes: its thread's credit first,
  * else the global count while it is positive. */

@@ -24,6 +24,8 @@ static unsigned top_rows(const struct al_waste_snapshot *s, uint32_t *rows)
 {
     unsigned n = 0;
     for (uint32_t i = 0; i < _al_waste.nslots; i++) {
+        if (!_al_table_row_written(s->pages, i, sizeof *s->cls))
+            continue;
         int64_t w = s->cls[i][AL_SLOT_REQUESTED] + s->cls[i][AL_SLOT_INTERNAL] + s->cls[i][AL_SLOT_BLOWUP];
         if (w <= 0)
             continue;

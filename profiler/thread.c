@@ -28,7 +28,7 @@ static struct {
     struct al_thread *spare;
     struct al_row rows[AL_ROWS];   /* exited threads */
     uint64_t *hist;                /* exited threads */
-    uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row */
+    uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row, NULL while the row is empty */
     struct al_measure_totals extra; /* exited threads */
     uint64_t total, max_live;
     uint64_t phase_since;
@@ -84,12 +84,17 @@ void _al_thread_measure_init(struct al_thread *t)
     t->ctr.countdown = _al_counters.available ? _al_counters.sample_every : 0;
 }
 
-static void clear_state(struct al_thread *t)
+/* FORGET_HIST: in a forked child, whose copies of the histograms are the parent's pages until
+ * written: dropped (a new one is made when the row is next timed) rather than zeroed, which
+ * would copy them. The dropped copies cost the child nothing it ever touches. */
+static void clear_state(struct al_thread *t, bool forget_hist)
 {
     memset(t->rows, 0, sizeof t->rows);
     memset(&t->m, 0, sizeof t->m);
     t->nheld = 0;
-    for (unsigned i = 0; i < AL_ROWS; i++)
+    if (forget_hist)
+        memset(t->hist, 0, sizeof t->hist);
+    for (unsigned i = 0; !forget_hist && i < AL_ROWS; i++)
         if (t->hist[i])
             memset(t->hist[i], 0, ROW_HIST_BYTES);
     t->spawned = 0;
@@ -139,6 +144,9 @@ static void thread_exit(void *arg)
     _al_syscalls_thread_exit();
     lock();
     add_rows(reg.rows, reg.hist, t->rows, t->hist);
+    for (unsigned i = 0; reg.hist && i < AL_ROWS; i++)
+        if (t->hist[i])
+            reg.hist_rows[i] = reg.hist + (size_t)i * AL_HIST_BUCKETS;
     add_extra(&reg.extra, t);
     _al_waste_thread_retire(t);
     for (struct al_thread **pp = &reg.live; *pp; pp = &(*pp)->next) {
@@ -151,7 +159,7 @@ static void thread_exit(void *arg)
         int before = atomic_fetch_sub_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
         phase_account(before);
     }
-    clear_state(t);
+    clear_state(t, false);
     t->next = reg.spare;
     reg.spare = t;
     unlock();
@@ -163,8 +171,6 @@ static void thread_exit(void *arg)
 void _al_threads_init(void)
 {
     reg.hist = _al_mem_map(HIST_BYTES);
-    for (unsigned i = 0; reg.hist && i < AL_ROWS; i++)
-        reg.hist_rows[i] = reg.hist + (size_t)i * AL_HIST_BUCKETS;
     reg.phase_since = _al_tsc();
 }
 
@@ -243,7 +249,7 @@ void _al_threads_after_fork_child(void)
         _al_counters_thread_close(&t->ctr, true);
         if (t != self)
             _al_waste_thread_retire(t); /* its objects live on in the child */
-        clear_state(t);
+        clear_state(t, true);
         if (t == self) {
             t->next = reg.live;
             reg.live = t;
@@ -255,8 +261,10 @@ void _al_threads_after_fork_child(void)
     }
     memset(reg.rows, 0, sizeof reg.rows);
     memset(&reg.extra, 0, sizeof reg.extra);
+    /* Zero without touching: writing the table would copy or fault in every page of it. */
+    memset(reg.hist_rows, 0, sizeof reg.hist_rows);
     if (reg.hist)
-        memset(reg.hist, 0, HIST_BYTES);
+        madvise(reg.hist, HIST_BYTES, MADV_DONTNEED);
     atomic_store_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
     reg.total = reg.max_live = 1;
     reg.serial_cycles = reg.parallel_cycles = 0;
@@ -276,7 +284,7 @@ void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_t
     }
     /* The report's rows count every timed call; its histograms hold those they could. */
     for (unsigned i = 0; hist && i < AL_ROWS; i++)
-        for (unsigned b = 0; b < AL_HIST_BUCKETS; b++)
+        for (unsigned b = 0; rows[i].count && b < AL_HIST_BUCKETS; b++)
             rows[i].timed += hist[(size_t)i * AL_HIST_BUCKETS + b];
     int live = atomic_load_explicit(&_al_hot.live_threads, memory_order_relaxed);
     phase_account(live);
@@ -287,15 +295,23 @@ void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_t
     unlock();
 }
 
-void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots)
+static void add_classes(int64_t (*dst)[AL_CLS_N], int64_t (*src)[AL_CLS_N], uint32_t nslots, int pagemap)
+{
+    if (!src)
+        return;
+    uint64_t written[AL_TABLE_WORDS];
+    _al_proc_written_pages(pagemap, src, _al_table_pages(nslots, sizeof *src), written);
+    for (uint32_t s = 0; s < nslots; s++)
+        if (_al_table_row_written(written, s, sizeof *src))
+            for (unsigned k = 0; k < AL_CLS_N; k++)
+                _al_add_nonzero(&dst[s][k], AL_READ(src[s][k]));
+}
+
+void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots, int pagemap)
 {
     lock();
-    for (uint32_t s = 0; _al_waste.exited && s < nslots; s++)
-        for (unsigned k = 0; k < AL_CLS_N; k++)
-            dst[s][k] += _al_waste.exited[s][k];
+    add_classes(dst, _al_waste.exited, nslots, pagemap);
     for (struct al_thread *t = reg.live; t; t = t->next)
-        for (uint32_t s = 0; t->cls && s < nslots; s++)
-            for (unsigned k = 0; k < AL_CLS_N; k++)
-                dst[s][k] += AL_READ(t->cls[s][k]);
+        add_classes(dst, t->cls, nslots, pagemap);
     unlock();
 }

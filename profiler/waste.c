@@ -16,6 +16,7 @@
  * the report (the state at exit replaces it only if it passed the largest footprint there may
  * have been at a look by more than the rule can miss).
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,6 +38,9 @@ static struct {
     /* The last measurement and the resident size then, in pages, as one word (heap << 32 |
      * rss) so that a look never pairs one measurement's heap with another's size. */
     _Atomic uint64_t measured;
+    /* Zero between snapshots: a snapshot writes only the rows some thread has counts in, and
+     * zeroes those again, so that in a forked child (whose tables are its parent's pages until
+     * written) it copies a few pages, not the whole table. */
     int64_t (*sums)[AL_CLS_N];
 } snap;
 
@@ -129,7 +133,7 @@ void _al_waste_thread_retire(struct al_thread *t)
         return;
     for (uint32_t s = 0; s < _al_waste.nslots; s++) {
         for (unsigned k = 0; k < AL_CLS_CREDIT; k++)
-            _al_waste.exited[s][k] += AL_READ(t->cls[s][k]);
+            _al_add_nonzero(&_al_waste.exited[s][k], AL_READ(t->cls[s][k]));
         int64_t credit = AL_READ(t->cls[s][AL_CLS_CREDIT]);
         if (credit) /* no thread of its own to take it back now */
             atomic_fetch_add_explicit(&_al_waste.blowup[s], credit, memory_order_relaxed);
@@ -255,16 +259,49 @@ static uint64_t rss_now(void)
     return _al_proc_num(&c, 10) * 4096;
 }
 
-/* The snapshot S of the heap whose resident total is TOTAL (just measured by the caller). */
-static void take(struct al_waste_snapshot *s, uint64_t total)
+/* For _al_proc_written_pages: opened for each snapshot, as a descriptor kept open would go on
+ * reading the parent's pages in a forked child. */
+static int open_pagemap(void)
+{
+    return open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+}
+
+static void close_pagemap(int fd)
+{
+    if (fd >= 0)
+        close(fd);
+}
+
+/* Row I of snapshot S set to SRC, written only where it changed (see snap.sums). */
+static void store_row(struct al_waste_snapshot *s, uint32_t i, const int64_t *src)
+{
+    if (memcmp(s->cls[i], src, sizeof *s->cls) == 0)
+        return;
+    memcpy(s->cls[i], src, sizeof *s->cls);
+    size_t page = i * sizeof *s->cls / 4096;
+    s->pages[page / 64] |= 1ull << (page % 64);
+}
+
+/* The snapshot S of the heap whose resident total is TOTAL (just measured by the caller).
+ * A row whose sums, blowup count and snapshot row are all on pages never written is zero in
+ * the snapshot already: it is skipped. */
+static void take(struct al_waste_snapshot *s, uint64_t total, int pagemap)
 {
     struct al_waste_state *w = &_al_waste;
-    memset(snap.sums, 0, w->nslots * sizeof *snap.sums);
-    _al_threads_sum_classes(snap.sums, w->nslots);
+    static const int64_t zero[AL_CLS_N];
+    uint64_t sums_written[AL_TABLE_WORDS], blowup_written[AL_TABLE_WORDS];
+    _al_threads_sum_classes(snap.sums, w->nslots, pagemap);
+    _al_proc_written_pages(pagemap, snap.sums, _al_table_pages(w->nslots, sizeof *snap.sums), sums_written);
+    _al_proc_written_pages(pagemap, w->blowup, _al_table_pages(w->nslots, sizeof *w->blowup), blowup_written);
+    _al_proc_written_pages(pagemap, s->cls, _al_table_pages(w->nslots, sizeof *s->cls), s->pages);
     s->tsc = _al_tsc();
     s->total = total;
     s->live = s->internal = s->blowup = s->objects = 0;
     for (uint32_t i = 0; i < w->nslots; i++) {
+        if (!_al_table_row_written(sums_written, i, sizeof *snap.sums) &&
+            !_al_table_row_written(blowup_written, i, sizeof *w->blowup) &&
+            !_al_table_row_written(s->pages, i, sizeof *s->cls))
+            continue;
         int64_t objects = snap.sums[i][AL_CLS_OBJECTS], req = snap.sums[i][AL_CLS_REQUESTED];
         int64_t size = i < w->nclasses ? (int64_t)w->table.classes[i] : 0;
         int64_t internal = objects * size + snap.sums[i][AL_CLS_EXTRA] - req;
@@ -274,10 +311,14 @@ static void take(struct al_waste_snapshot *s, uint64_t total)
         if (blowup < 0)
             blowup = 0;
         blowup += snap.sums[i][AL_CLS_CREDIT];
-        s->cls[i][AL_SLOT_OBJECTS] = objects;
-        s->cls[i][AL_SLOT_REQUESTED] = req;
-        s->cls[i][AL_SLOT_INTERNAL] = internal;
-        s->cls[i][AL_SLOT_BLOWUP] = blowup;
+        if (memcmp(snap.sums[i], zero, sizeof zero) != 0)
+            memset(snap.sums[i], 0, sizeof zero);
+        int64_t row[AL_SLOT_N];
+        row[AL_SLOT_OBJECTS] = objects;
+        row[AL_SLOT_REQUESTED] = req;
+        row[AL_SLOT_INTERNAL] = internal;
+        row[AL_SLOT_BLOWUP] = blowup;
+        store_row(s, i, row);
         s->objects += (uint64_t)(objects > 0 ? objects : 0);
         s->live += (uint64_t)(req > 0 ? req : 0);
         s->internal += (uint64_t)internal;
@@ -319,7 +360,9 @@ static void check_footprint(void)
                         ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
     __atomic_store_n(&snap.next_rss, rss + (lack > AL_SNAP_STEP / 16 ? lack : AL_SNAP_STEP / 16), __ATOMIC_RELAXED);
     if (!_al_waste.peak.taken || total >= _al_waste.peak.total + AL_SNAP_STEP) {
-        take(&_al_waste.peak, total); /* every snapshot the rule takes is the new peak */
+        int pagemap = open_pagemap();
+        take(&_al_waste.peak, total, pagemap); /* every snapshot the rule takes is the new peak */
+        close_pagemap(pagemap);
         snap.taken++;
     }
     _al_spin_unlock(&snap.lock);
@@ -341,7 +384,8 @@ void _al_waste_final(void)
         return;
     _al_spin_lock(&snap.lock);
     struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
-    take(&s, _al_heap_resident());
+    int pagemap = open_pagemap();
+    take(&s, _al_heap_resident(), pagemap);
     _al_waste.final = s;
     /* The state at exit is the peak only if it passed the largest footprint there may have been
      * at a look during the run by more than the rule can miss (a step, plus what a thread
@@ -353,11 +397,20 @@ void _al_waste_final(void)
     if (highest < _al_waste.peak.total)
         highest = _al_waste.peak.total;
     if (!_al_waste.peak.taken || s.total > highest + AL_SNAP_STEP + AL_SNAP_CHECK_BYTES) {
-        int64_t (*keep)[AL_SLOT_N] = _al_waste.peak.cls;
-        memcpy(keep, s.cls, _al_waste.nslots * sizeof *keep);
-        _al_waste.peak = s;
-        _al_waste.peak.cls = keep;
+        struct al_waste_snapshot *peak = &_al_waste.peak;
+        _al_proc_written_pages(pagemap, peak->cls, _al_table_pages(_al_waste.nslots, sizeof *peak->cls),
+                               peak->pages);
+        for (uint32_t i = 0; i < _al_waste.nslots; i++)
+            if (_al_table_row_written(s.pages, i, sizeof *s.cls) || _al_table_row_written(peak->pages, i, sizeof *s.cls))
+                store_row(peak, i, s.cls[i]);
+        int64_t (*keep)[AL_SLOT_N] = peak->cls;
+        uint64_t pages[AL_TABLE_WORDS];
+        memcpy(pages, peak->pages, sizeof pages);
+        *peak = s;
+        peak->cls = keep;
+        memcpy(peak->pages, pages, sizeof pages);
     }
+    close_pagemap(pagemap);
     _al_waste.snapshots = snap.taken;
     _al_spin_unlock(&snap.lock);
 }
@@ -365,7 +418,9 @@ void _al_waste_final(void)
 /* A forked child measures its own peak from now on (its heap is the parent's, still live). */
 void _al_waste_after_fork_child(void)
 {
-    atomic_store(&snap.lock, 0);
+    /* A thread of the parent was taking a snapshot: its half-summed rows are not zero. */
+    if (atomic_exchange(&snap.lock, 0) && snap.sums)
+        memset(snap.sums, 0, _al_waste.nslots * sizeof *snap.sums);
     snap.next_rss = 0;
     snap.taken = 0;
     atomic_store(&snap.highest, 0);

@@ -5,10 +5,12 @@
 
 #include "check_main.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -283,6 +285,42 @@ START_TEST(buf_json_escaping)
 }
 END_TEST
 
+START_TEST(buf_u64_decimal)
+{
+    struct al_buf b = { 0 };
+    const uint64_t v[] = { 0, 7, 10, 4096, 18446744073709551615ull };
+    for (unsigned i = 0; i < sizeof v / sizeof *v; i++) {
+        _al_buf_u64(&b, v[i]);
+        _al_buf_puts(&b, " ");
+    }
+    ck_assert_str_eq(b.data, "0 7 10 4096 18446744073709551615 ");
+    _al_buf_free(&b);
+}
+END_TEST
+
+/* Pages of a fresh private mapping are "written" only once written (or swapped out); without
+ * a pagemap every page counts as written. */
+START_TEST(proc_written_pages)
+{
+    const size_t pages = 70; /* more than one word of bits */
+    char *m = mmap(NULL, pages * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(m != MAP_FAILED);
+    m[1 * 4096] = 1;
+    m[66 * 4096 + 100] = 1;
+    int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge(pagemap, 0);
+    uint64_t w[2];
+    _al_proc_written_pages(pagemap, m, pages, w);
+    for (size_t i = 0; i < pages; i++)
+        ck_assert_msg(((w[i / 64] >> (i % 64)) & 1) == (i == 1 || i == 66), "page %zu", i);
+    _al_proc_written_pages(-1, m, pages, w);
+    for (size_t i = 0; i < pages; i++)
+        ck_assert((w[i / 64] >> (i % 64)) & 1);
+    close(pagemap);
+    munmap(m, pages * 4096);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("profiler");
@@ -298,6 +336,8 @@ int main(void)
     tcase_add_test(tc, settings_garbage_defaults);
     tcase_add_test(tc, rows_roundtrip);
     tcase_add_test(tc, buf_json_escaping);
+    tcase_add_test(tc, buf_u64_decimal);
+    tcase_add_test(tc, proc_written_pages);
     suite_add_tcase(s, tc);
     return al_check_run(s);
 }
