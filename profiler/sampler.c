@@ -175,7 +175,7 @@ void _al_sampler_atfork_child(void)
         madvise(s.samples, (size_t)SAMPLES_CAP * sizeof(struct sample), MADV_DONTNEED);
         madvise(s.slots, sizeof(struct slot) << s.slot_bits, MADV_DONTNEED);
         madvise(_al_sampler.sites, (size_t)AL_SITES_MAX * sizeof(struct al_site), MADV_DONTNEED);
-        memset(_al_sampler.slots, 0, AL_SITE_SLOTS * sizeof(uint32_t));
+        madvise(_al_sampler.slots, AL_SITE_SLOTS * sizeof(uint32_t), MADV_DONTNEED);
         memset(&_al_sampler.unattributed, 0, sizeof _al_sampler.unattributed);
         _al_sampler.nsites = 0;
         _al_sampler.peak_bytes = 0;
