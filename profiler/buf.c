@@ -15,7 +15,7 @@ static bool grow(struct al_buf *b, size_t need)
         return false;
     if (b->len + need + 1 <= b->cap)
         return true;
-    size_t cap = b->cap ? b->cap : 1 << 16;
+    size_t cap = b->cap ? b->cap : 1 << 17; /* a JSON report with a long size-class list fits */
     while (cap < b->len + need + 1)
         cap *= 2;
     char *n = _al_mem_map(cap);
