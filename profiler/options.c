@@ -89,13 +89,26 @@ int _al_option_parse_num(const struct al_option *o, const char *text, long long 
     return 0;
 }
 
+/* NAME's value in the environment, read from environ itself rather than through getenv: a
+ * program may define getenv (bash does, answering from its own variable table), and our
+ * settings are read before main, when bash's table holds only what some library's constructor
+ * put there with setenv (tcmalloc's does): every other variable would look unset. */
+const char *_al_env(const char *name)
+{
+    size_t n = strlen(name);
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+            return *e + n + 1;
+    return NULL;
+}
+
 static long long num_setting(enum al_opt_id id, bool *given)
 {
     *given = false;
     const struct al_option *o = &_al_options[id];
     long long def = 0;
     _al_option_parse_num(o, o->def, &def);
-    const char *v = getenv(o->env);
+    const char *v = _al_env(o->env);
     if (!v)
         return def;
     long long val;
@@ -112,11 +125,11 @@ static long long num_setting(enum al_opt_id id, bool *given)
     return def;
 }
 
-/* Copied, not kept as getenv's pointer: programs rewrite their environment block (redis sets
- * its process title over it) long before the report is written. */
+/* Copied, not kept as the environment's pointer: programs rewrite their environment block
+ * (redis sets its process title over it) long before the report is written. */
 static const char *str_setting(enum al_opt_id id, char *store, size_t cap)
 {
-    const char *v = getenv(_al_options[id].env);
+    const char *v = _al_env(_al_options[id].env);
     if (!v)
         v = _al_options[id].def;
     if (!*v)
@@ -161,7 +174,7 @@ void _al_settings_load(struct al_settings *s)
     s->sample_every = (unsigned)num_setting(AL_OPT_SAMPLE_EVERY, &given);
     s->syscalls = num_setting(AL_OPT_SYSCALLS, &given) != 0;
     s->seed = (uint64_t)num_setting(AL_OPT_SEED, &given);
-    const char *mode = getenv(_al_options[AL_OPT_MODE].env);
+    const char *mode = _al_env(_al_options[AL_OPT_MODE].env);
     int m = _al_mode_parse(mode);
     s->mode = m < 0 ? AL_MODE_FULL : (enum al_mode)m;
     if (mode && m < 0)

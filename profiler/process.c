@@ -57,7 +57,7 @@ void _al_process_init(const struct al_process_hooks *h)
     if (_al_shadow_init() < 0)
         _al_log("cannot reserve the shadow table: every address is reported as new");
     _al_threads_init();
-    int mode = _al_mode_parse(getenv(_al_options[AL_OPT_MODE].env));
+    int mode = _al_mode_parse(_al_env(_al_options[AL_OPT_MODE].env));
     if (mode >= 0)
         set_mode((enum al_mode)mode);
     image_pid = getpid();

@@ -323,6 +323,9 @@ struct al_settings {
 /* Reads every option from the environment; a bad value is warned about (one line naming the
  * variable) and the default kept. Never allocates. */
 void _al_settings_load(struct al_settings *s);
+/* NAME's value in the process's environment (environ itself, not the program's getenv), or
+ * NULL. */
+const char *_al_env(const char *name);
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real programs, unchanged: python3, sqlite3, git, a C++ container workload and redis-server,
+"""Real programs, unchanged: python3, sqlite3, git, bash, a C++ container workload and redis-server,
 each run plain and then under `alloclens run -a NAME` for every allocator `alloclens allocators`
 finds, in each mode (full, time, sample: ALLOCLENS_MODE). Output and exit status must be
 byte-identical to the plain run, and every profiled process must leave a report naming the
@@ -301,6 +301,39 @@ def git_workload():
            "GIT_COMMITTER_DATE": "2024-01-02T03:04:05+0000", "GIT_PAGER": "cat", "PAGER": "cat",
            "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
     return Workload("git", ["git"], setup, steps, env=env)
+
+
+# ---------------------------------------------------------------------------------------------
+# bash: it defines getenv and setenv itself, answering from its own variable table, which
+# tcmalloc's constructor starts before main (it calls setenv): alloclens must read its settings
+# from the environment itself.
+
+BASH_SCRIPT = r"""
+declare -A count
+words=(malloc free arena chunk slab page span bin tcache extent)
+for ((i = 0; i < 3000; i++)); do
+    w=${words[i % ${#words[@]}]}
+    count[$w]=$(( ${count[$w]:-0} + i % 7 ))
+    s+="${w:0:2}"
+done
+for w in "${!count[@]}"; do echo "$w ${count[$w]}"; done | sort
+echo "${#s} $(printf '%s\n' "${words[@]}" | sort -r | head -3 | tr '\n' ' ')"
+(cd / && echo "subshell in $PWD")
+echo "to stderr" >&2
+"""
+
+
+def bash_workload():
+    def setup(wd):
+        with open(os.path.join(wd, "script.sh"), "w") as f:
+            f.write(BASH_SCRIPT)
+
+    steps = [
+        Cmd("script", ["bash", "script.sh"], children=True),
+        Cmd("exit4", ["bash", "-c", "x=$(seq 100 | tail -1); echo $x; exit 4"], status=4,
+            children=True),
+    ]
+    return Workload("bash", ["bash"], setup, steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -675,7 +708,8 @@ def main():
            "glibc missing from `alloclens allocators`")
     tap.diag(f"work directory {top}")
 
-    workloads = [python_workload(), sqlite_workload(), git_workload(), cxx_workload(cxx_bin)]
+    workloads = [python_workload(), sqlite_workload(), git_workload(), bash_workload(),
+                 cxx_workload(cxx_bin)]
     for wl in workloads:
         missing = [p for p in wl.programs if not p or not installed(p)]
         if missing:
