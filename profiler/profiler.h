@@ -551,6 +551,7 @@ struct al_waste_snapshot {
     bool taken;
     uint64_t tsc;
     uint64_t total, live, internal, blowup, objects;
+    uint64_t blowup_uncapped;      /* blowup before the cap at total - live - internal */
     int64_t external;              /* total - live - internal - blowup (negative: unbacked) */
     int64_t (*cls)[AL_SLOT_N];     /* per row */
     uint64_t pages[AL_TABLE_WORDS]; /* the pages of cls that may hold rows not zero */

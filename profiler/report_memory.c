@@ -62,11 +62,12 @@ static void snapshot_json(struct al_buf *b, const struct al_report *r, const cha
                           const struct al_waste_snapshot *s, bool last)
 {
     _al_buf_printf(b, "    \"%s\": { \"time_ns\": %.0f, \"total_bytes\": %llu, \"live_requested_bytes\": %llu, "
-                   "\"internal_fragmentation_bytes\": %llu, \"blowup_bytes\": %llu, "
+                   "\"internal_fragmentation_bytes\": %llu, \"blowup_bytes\": %llu, \"blowup_uncapped_bytes\": %llu, "
                    "\"external_fragmentation_bytes\": %lld, \"unbacked_bytes\": %lld, \"live_objects\": %llu,\n"
                    "      \"size_classes\": [",
                    key, ns_since_start(r, s->tsc), (unsigned long long)s->total, (unsigned long long)s->live,
                    (unsigned long long)s->internal, (unsigned long long)s->blowup,
+                   (unsigned long long)s->blowup_uncapped,
                    (long long)(s->external > 0 ? s->external : 0), (long long)(s->external < 0 ? -s->external : 0),
                    (unsigned long long)s->objects);
     uint32_t rows[TOP_CLASSES];
@@ -136,6 +137,11 @@ void _al_report_memory_text(struct al_buf *b, const struct al_report *r)
     if (p->external < 0)
         _al_buf_printf(b, "  (%.2f MiB of live objects at the peak were never backed by the kernel)\n",
                        (double)-p->external / 1048576.0);
+    if (p->blowup_uncapped > p->blowup || f->blowup_uncapped > f->blowup)
+        _al_buf_printf(b, "  (blowup capped at what the heap holds beyond live and internal: %.2f MiB at the "
+                       "peak and %.2f MiB at exit were freed and not yet taken again by their class, "
+                       "the rest given to other classes or back to the kernel)\n",
+                       (double)p->blowup_uncapped / 1048576.0, (double)f->blowup_uncapped / 1048576.0);
     if (!w->has_table)
         _al_buf_printf(b, "  size classes: %s\n", w->classes_reason);
     uint32_t rows[TOP_CLASSES];

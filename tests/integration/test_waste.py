@@ -84,6 +84,30 @@ for name in allocs:
         else:
             tap.diag(f"waste_blowup threads under {name}: blowup at the peak {blowup} of a {batch}-byte batch")
 
+    # Blowup is capped at what the heap holds beyond live and internal: batches of changing size,
+    # all freed, in one thread. glibc serves every batch from the memory the last one freed, so
+    # its count before the cap is many times the heap.
+    proc, rep = run(name, [BLOWUP, "classes"], wd, name=f"blowup-classes-{name}")
+    mem = memory(rep)
+    if tap.ok(proc.returncode == 0 and mem.get("available"), f"waste_blowup classes under {name}: ran"):
+        freed = truth(proc)["freed_bytes"]
+        for key in ("peak", "final"):
+            s = mem[key]
+            room = s["total_bytes"] - s["live_requested_bytes"] - s["internal_fragmentation_bytes"]
+            tap.ok(s["blowup_bytes"] <= max(room, 0) and s["unbacked_bytes"] == 0
+                   and s["blowup_uncapped_bytes"] >= s["blowup_bytes"],
+                   f"waste_blowup classes under {name}: {key}: blowup within the heap beyond live "
+                   f"and internal, nothing unbacked, the count before the cap kept",
+                   str({k: v for k, v in s.items() if k != "size_classes"}))
+        f = mem["final"]
+        if name == "glibc":
+            # Freed objects count at their class size: at most a header and 15 bytes more.
+            tap.ok(f["blowup_uncapped_bytes"] > 4 * f["total_bytes"]
+                   and f["blowup_uncapped_bytes"] <= 1.1 * freed,
+                   f"waste_blowup classes under glibc: the count before the cap is more than 4 "
+                   f"times the heap at exit (at most 1.1 times the {freed} bytes freed)",
+                   str({k: v for k, v in f.items() if k != "size_classes"}))
+
     # (d): large objects partly touched: only the tail of the last page is internal.
     proc, rep = run(name, [LARGE], wd, name=f"large-{name}")
     mem = memory(rep)

@@ -2,7 +2,12 @@
  *   threads: a producer thread allocates each batch; two consumer threads free it (half each);
  *            the producer starts the next batch once the last one is freed.
  *   single:  one thread allocates each batch and frees it, the same volume.
- * Prints "batch_bytes N": the bytes of one batch. Allocators that keep freed memory in the
+ *   classes: one thread, CLASS_ROUNDS batches, each of another size (SIZE + 48 bytes a
+ *            round), allocated and freed: allocators that hand freed memory to other sizes
+ *            (glibc merges its free chunks) serve every round from the same memory, so the
+ *            freed bytes not taken again by their own class add up to far more than the heap.
+ * Prints "batch_bytes N": the bytes of one batch (classes: of the first), and with classes
+ * "freed_bytes N", all that was freed. Allocators that keep freed memory in the
  * freeing thread's cache cannot give it to the producer: its next batch takes new memory, and
  * the freed bytes not taken again are blowup. */
 #include <pthread.h>
@@ -14,6 +19,7 @@
 #define BATCH 16384
 #define SIZE 256
 #define CONSUMERS 2
+#define CLASS_ROUNDS 24
 
 static void *batch[BATCH];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -38,14 +44,19 @@ static void *consumer(void *arg)
     return NULL;
 }
 
-static void fill(void)
+static void fill_size(size_t size)
 {
     for (int i = 0; i < BATCH; i++) {
-        batch[i] = malloc(SIZE);
+        batch[i] = malloc(size);
         if (!batch[i])
             exit(1);
-        memset(batch[i], i, SIZE);
+        memset(batch[i], i, size);
     }
+}
+
+static void fill(void)
+{
+    fill_size(SIZE);
 }
 
 static void *producer(void *arg)
@@ -65,9 +76,22 @@ static void *producer(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "threads") && strcmp(argv[1], "single"))) {
-        fprintf(stderr, "usage: waste_blowup threads|single\n");
+    if (argc != 2 || (strcmp(argv[1], "threads") && strcmp(argv[1], "single") &&
+                      strcmp(argv[1], "classes"))) {
+        fprintf(stderr, "usage: waste_blowup threads|single|classes\n");
         return 2;
+    }
+    if (!strcmp(argv[1], "classes")) {
+        long freed = 0;
+        for (int r = 0; r < CLASS_ROUNDS; r++) {
+            size_t size = SIZE + 48 * (size_t)r;
+            fill_size(size);
+            for (int i = 0; i < BATCH; i++)
+                free(batch[i]);
+            freed += (long)(BATCH * size);
+        }
+        printf("batch_bytes %d\nfreed_bytes %ld\n", BATCH * SIZE, freed);
+        return 0;
     }
     if (!strcmp(argv[1], "threads")) {
         pthread_t p, c[CONSUMERS];
