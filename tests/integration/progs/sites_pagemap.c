@@ -11,7 +11,7 @@
  *
  *   {"buffer":67108864,"touched":16777216,"after":8388608,"child":0}
  *
- * With --fork, the process first allocates, writes and frees 4 MiB (site_parent_scratch), so
+ * With --fork, the process first allocates, writes and frees 4 MiB (site_after_touch), so
  * that its pagemap has been read before; then a forked child does the above (without
  * --after) and exits, and its truth also says its pid ("child"), whose report is the one to
  * read. The parent only waits for it.
@@ -48,16 +48,6 @@ NOINL static void site_after_touch(size_t size)
     after = p;
 }
 
-NOINL static void site_parent_scratch(size_t size)
-{
-    char *p = malloc(size);
-    if (!p)
-        abort();
-    memset(p, 0x33, size);
-    after = p;
-    free(after);
-}
-
 int main(int argc, char **argv)
 {
     const size_t size = 64 * MiB, touched = size / 4;
@@ -66,7 +56,8 @@ int main(int argc, char **argv)
     char out[256];
 
     if (argc > 1 && strcmp(argv[1], "--fork") == 0) {
-        site_parent_scratch(4 * MiB);
+        site_after_touch(4 * MiB);
+        free(after);
         child = fork();
         if (child < 0)
             return 1;
