@@ -1,6 +1,7 @@
 /* alloclens run: put liballoclens.so and the chosen allocator in front of a command and
  * exec it in place, so its stdin, stdout, stderr, signals and exit status are its own. The
  * report is written by the library when the program exits. */
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -118,8 +119,51 @@ static int set_value(const struct al_option *o, const char *value)
     return 0;
 }
 
+/* Whether PATH is an ELF program with no interpreter: statically linked (Go programs, most
+ * often), it never loads what LD_PRELOAD names. */
+static bool statically_linked(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    Elf64_Ehdr eh;
+    bool elf = pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+               eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr);
+    bool interp = false;
+    for (unsigned i = 0; elf && !interp && i < eh.e_phnum; i++) {
+        Elf64_Phdr ph;
+        if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + i * sizeof ph)) != (ssize_t)sizeof ph)
+            elf = false;
+        else
+            interp = ph.p_type == PT_INTERP;
+    }
+    close(fd);
+    return elf && !interp;
+}
+
+/* CMD as execvp finds it: itself when it names a path, else the first executable file of that
+ * name in PATH; false when there is none (execvp then says why). */
+static bool find_command(const char *cmd, char *out, size_t cap)
+{
+    if (strchr(cmd, '/'))
+        return (size_t)snprintf(out, cap, "%s", cmd) < cap;
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : "/usr/local/bin:/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        if ((size_t)snprintf(out, cap, "%.*s%s%s", (int)n, p, n ? "/" : "", cmd) < cap &&
+            access(out, X_OK) == 0)
+            return true;
+        p += n + (p[n] == ':');
+    }
+    return false;
+}
+
 static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
 {
+    char found[PATH_MAX];
+    if (find_command(cmd[0], found, sizeof found) && statically_linked(found))
+        fprintf(stderr, "alloclens: %s is statically linked: nothing can be put in front of its "
+                "allocator, so it runs unprofiled and writes no report\n", cmd[0]);
     char lib[PATH_MAX];
     if (_al_cli_sibling("../interpose/liballoclens.so", "liballoclens.so", lib, sizeof lib) < 0) {
         fprintf(stderr, "alloclens: cannot find liballoclens.so (looked beside this command and in %s)\n", lib);

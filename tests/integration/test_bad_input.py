@@ -7,7 +7,10 @@ report path costs one line on stderr, and the program's stdout and exit status a
 plain run; the other reports are still written. The CLI refuses a bad option, an unwritable
 report path or an unknown allocator with exit status 2 and one line, before running anything.
 
-usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so
+A statically linked program (which LD_PRELOAD cannot reach) runs unchanged, and one line says
+that it writes no report.
+
+usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so [HOST_STATIC]
 """
 import json
 import os
@@ -17,7 +20,7 @@ import sys
 
 import altest
 
-SO = LEAF = FORK = NOT_ALLOC = None
+SO = LEAF = FORK = NOT_ALLOC = STATIC = None
 TIMEOUT = 15
 HANGS = 0
 DIRS = []
@@ -327,6 +330,23 @@ def test_cli_usage(tap):
                f"missing {missing}\n{show(p)}")
 
 
+def test_static_program(tap):
+    """A statically linked program: output and exit status its own, one line, no report."""
+    if not STATIC:
+        tap.skip("run -- a statically linked program", "no static libc to build one with")
+        return
+    tmp = tmpdir()
+    out = os.path.join(tmp, "r.json")
+    plain = run([STATIC, "5", "100"])
+    p = run([altest.cli(), "run", "-o", out, "--", STATIC, "5", "100"])
+    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+           and p.returncode == plain.returncode == 5,
+           "run -- a statically linked program: its output and exit status unchanged", show(p))
+    one_line(tap, "run -- a statically linked program", p, "statically linked", "no report",
+             status=5)
+    tap.ok(not os.path.exists(out), "run -- a statically linked program: no report file")
+
+
 def test_configs(tap):
     """A malformed, missing or mismatched allocator config: one line naming the file (and the
     line, for a malformed one); the program runs as it would."""
@@ -388,8 +408,9 @@ def test_configs(tap):
 
 
 def main():
-    global SO, LEAF, FORK, NOT_ALLOC, CACHE
+    global SO, LEAF, FORK, NOT_ALLOC, STATIC, CACHE
     SO, LEAF, FORK, NOT_ALLOC = sys.argv[1:5]
+    STATIC = sys.argv[5] if len(sys.argv) > 5 else None
     CACHE = tmpdir()
     tap = altest.Tap()
     # The first run under glibc probes it and says so on stderr; do it once here, so that the
@@ -400,6 +421,7 @@ def main():
     test_unwritable_paths(tap)
     test_allocators(tap)
     test_cli_usage(tap)
+    test_static_program(tap)
     test_configs(tap)
     if not tap.failed:
         for d in DIRS:
