@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -141,6 +143,18 @@ static bool statically_linked(const char *path)
     return elf && !interp;
 }
 
+/* Whether running PATH changes our user or group: the loader then runs it securely and ignores
+ * LD_PRELOAD's paths. Not on a file system mounted nosuid, where the bits do nothing. */
+static bool changes_identity(const char *path)
+{
+    struct stat st;
+    struct statvfs fs;
+    if (stat(path, &st) < 0 || (statvfs(path, &fs) == 0 && (fs.f_flag & ST_NOSUID)))
+        return false;
+    return ((st.st_mode & S_ISUID) && st.st_uid != geteuid()) ||
+           ((st.st_mode & S_ISGID) && (st.st_mode & S_IXGRP) && st.st_gid != getegid());
+}
+
 /* CMD as execvp finds it: itself when it names a path, else the first executable file of that
  * name in PATH; false when there is none (execvp then says why). */
 static bool find_command(const char *cmd, char *out, size_t cap)
@@ -161,9 +175,14 @@ static bool find_command(const char *cmd, char *out, size_t cap)
 static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
 {
     char found[PATH_MAX];
-    if (find_command(cmd[0], found, sizeof found) && statically_linked(found))
-        fprintf(stderr, "alloclens: %s is statically linked: nothing can be put in front of its "
-                "allocator, so it runs unprofiled and writes no report\n", cmd[0]);
+    if (find_command(cmd[0], found, sizeof found)) {
+        if (statically_linked(found))
+            fprintf(stderr, "alloclens: %s is statically linked: nothing can be put in front of its "
+                    "allocator, so it runs unprofiled and writes no report\n", cmd[0]);
+        else if (changes_identity(found))
+            fprintf(stderr, "alloclens: %s is set-user-ID or set-group-ID: the loader ignores "
+                    "LD_PRELOAD for it, so it runs unprofiled and writes no report\n", cmd[0]);
+    }
     char lib[PATH_MAX];
     if (_al_cli_sibling("../interpose/liballoclens.so", "liballoclens.so", lib, sizeof lib) < 0) {
         fprintf(stderr, "alloclens: cannot find liballoclens.so (looked beside this command and in %s)\n", lib);

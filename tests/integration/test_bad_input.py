@@ -7,13 +7,14 @@ report path costs one line on stderr, and the program's stdout and exit status a
 plain run; the other reports are still written. The CLI refuses a bad option, an unwritable
 report path or an unknown allocator with exit status 2 and one line, before running anything.
 
-A statically linked program (which LD_PRELOAD cannot reach) runs unchanged, and one line says
-that it writes no report.
+A statically linked program, or a set-user-ID one owned by another user (LD_PRELOAD reaches
+neither), runs unchanged, and one line says that it writes no report.
 
 usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so [HOST_STATIC]
 """
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -347,6 +348,31 @@ def test_static_program(tap):
     tap.ok(not os.path.exists(out), "run -- a statically linked program: no report file")
 
 
+def test_setuid_program(tap):
+    """host_leaf, set-user-ID and owned by nobody: the loader runs it securely, without our
+    preload. Root can make such a file; a file system mounted nosuid ignores the bit."""
+    tmp = tmpdir()
+    prog = os.path.join(tmp, "leaf_suid")
+    shutil.copy(LEAF, prog)
+    try:
+        os.chown(prog, pwd.getpwnam("nobody").pw_uid, -1)
+        os.chmod(prog, 0o4755)
+    except (OSError, KeyError) as e:
+        tap.skip("run -- a set-user-ID program", f"cannot make one here: {e}")
+        return
+    if os.statvfs(prog).f_flag & os.ST_NOSUID:
+        tap.skip("run -- a set-user-ID program", f"{tmp} is mounted nosuid")
+        return
+    out = os.path.join(tmp, "r.json")
+    plain = run([prog, "6", "100"])
+    p = run([altest.cli(), "run", "-o", out, "--", prog, "6", "100"])
+    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+           and p.returncode == plain.returncode == 6,
+           "run -- a set-user-ID program: its output and exit status unchanged", show(p))
+    one_line(tap, "run -- a set-user-ID program", p, "set-user-ID", "no report", status=6)
+    tap.ok(not os.path.exists(out), "run -- a set-user-ID program: no report file")
+
+
 def test_configs(tap):
     """A malformed, missing or mismatched allocator config: one line naming the file (and the
     line, for a malformed one); the program runs as it would."""
@@ -422,6 +448,7 @@ def main():
     test_allocators(tap)
     test_cli_usage(tap)
     test_static_program(tap)
+    test_setuid_program(tap)
     test_configs(tap)
     if not tap.failed:
         for d in DIRS:
