@@ -174,7 +174,11 @@ static void run_section(struct out *o, json_object *r)
        _al_cli_str(alloc, "large_threshold_source"));
     kv(o, "mode", "%s", _al_cli_str(r, "mode"));
     double runtime = _al_cli_num(prog, "runtime_ns"), in_alloc = _al_cli_num(r, "allocator_time_ns");
-    kv(o, "runtime", "%.3f ms; exit status %.0f", runtime / 1e6, _al_cli_num(prog, "exit_status"));
+    double status = _al_cli_num(prog, "exit_status");
+    if (isnan(status)) /* ended by a signal, or replaced by exec */
+        kv(o, "runtime", "%.3f ms; %s", runtime / 1e6, _al_cli_str(prog, "exit_status_reason"));
+    else
+        kv(o, "runtime", "%.3f ms; exit status %.0f", runtime / 1e6, status);
     kv(o, "threads", "%.0f in all, at most %.0f at once; serial %.3f ms, parallel %.3f ms",
        _al_cli_num(th, "total"), _al_cli_num(th, "max_live"), _al_cli_num(th, "serial_ns") / 1e6,
        _al_cli_num(th, "parallel_ns") / 1e6);

@@ -48,6 +48,7 @@ void _al_exit_start(void); /* from our constructor: registers the quick_exit han
 void _al_threads_resolve(void);
 void _al_locks_resolve(void);
 void _al_signals_resolve(void);
+void _al_signals_start(void); /* from our constructor: stands in for ending signals' defaults */
 
 /* real.c */
 /* The first call of a thread, a nested call, or a call before start-up finished: returns the

@@ -160,4 +160,5 @@ __attribute__((constructor)) static void alloclens_start(void)
         _al_process_init(&hooks);
     _al_process_start();
     _al_exit_start();
+    _al_signals_start();
 }

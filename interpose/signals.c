@@ -1,5 +1,13 @@
-/* Signals, while alloclens counts the allocator's system calls with syscall user dispatch.
+/* Signals: the report of a process that a signal ends, and syscall user dispatch's SIGSYS.
  *
+ * A signal whose default action ends the process and which asks a program to stop (Ctrl-C, a
+ * broken pipe, kill) would end it with no report. While the program leaves such a signal at
+ * its default, our handler stands in for the default: it writes the report, puts the default
+ * back and raises the signal again, so the process ends by it as it would have. The program is
+ * told the disposition is the default, and whatever it sets replaces ours (its own default
+ * brings ours back).
+ *
+ * While alloclens counts the allocator's system calls with syscall user dispatch:
  * The kernel turns a dispatched system call into SIGSYS, and if SIGSYS is blocked at that
  * moment it kills the process instead. So: SIGSYS belongs to the program but our handler must
  * stay installed (sigaction and signal for SIGSYS record what the program asks for and report
@@ -10,6 +18,8 @@
 #include <dlfcn.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "interpose.h"
 
@@ -20,6 +30,10 @@ static int (*real_pthread_sigmask)(int, const sigset_t *, sigset_t *);
 /* The program's handlers, as it asked for them. Those we wrap are installed as
  * run_program_handler, which the program is never handed: it is told what it asked for. */
 static struct sigaction program[_NSIG];
+
+static const int ending_signals[] = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2 };
+/* The signals whose default our handler stands in for in this process. */
+static bool ending[_NSIG];
 
 void _al_signals_resolve(void)
 {
@@ -41,6 +55,51 @@ static void run_program_handler(int sig, siginfo_t *si, void *ctx)
     _al_signal_run(&program[sig], sig, si, ctx);
 }
 
+/* A signal the program leaves at its default is about to end the process. */
+static void end_by_signal(int sig, siginfo_t *si, void *ctx)
+{
+    (void)si;
+    (void)ctx;
+    struct al_thread *t = _al_tls;
+    if (t)
+        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    _al_process_before_fatal_signal(sig, &_al_own_memory);
+    /* Another thread may be writing the report already (a second signal, or exit). */
+    _al_report_wait_written(2000);
+    struct sigaction dfl = { .sa_handler = SIG_DFL };
+    real_sigaction(sig, &dfl, NULL);
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, sig);
+    real_pthread_sigmask(SIG_UNBLOCK, &only, NULL);
+    raise(sig);
+    for (;;) /* not reached: the default action of every signal here ends the process */
+        syscall(SYS_exit_group, 128 + sig);
+}
+
+static struct sigaction end_action(void)
+{
+    struct sigaction a = { .sa_sigaction = end_by_signal, .sa_flags = SA_SIGINFO | SA_RESTART };
+    /* Nothing of the program's runs while the report is written; SIGSYS must stay open. */
+    sigfillset(&a.sa_mask);
+    sigdelset(&a.sa_mask, SIGSYS);
+    return a;
+}
+
+void _al_signals_start(void)
+{
+    if (!_al_report_planned())
+        return; /* nothing to write at the end: the defaults stay as they are */
+    struct sigaction mine = end_action(), cur;
+    for (unsigned i = 0; i < sizeof ending_signals / sizeof *ending_signals; i++) {
+        int sig = ending_signals[i];
+        /* Ignored (nohup, a shell's background job) or handled already: left alone. */
+        if (real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL &&
+            real_sigaction(sig, &mine, NULL) == 0)
+            ending[sig] = true;
+    }
+}
+
 /* The mask change HOW SET asks for, SIGSYS left deliverable (in *COPY where it must change). */
 static const sigset_t *without_sigsys(int how, const sigset_t *set, sigset_t *copy)
 {
@@ -57,12 +116,15 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
         _al_signals_resolve();
     if (sig == SIGSYS && _al_syscalls_owns_sigsys())
         return _al_syscalls_program_sigaction(act, old);
-    if (!dispatching() || sig <= 0 || sig >= _NSIG)
+    if (sig <= 0 || sig >= _NSIG || (!dispatching() && !ending[sig]))
         return real_sigaction(sig, act, old);
     struct sigaction prev = program[sig];
     struct sigaction mine;
     const struct sigaction *use = act;
-    if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
+    if (act && act->sa_handler == SIG_DFL && ending[sig]) {
+        mine = end_action();
+        use = &mine;
+    } else if (act && dispatching() && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
         mine = *act;
         mine.sa_flags |= SA_SIGINFO;
         mine.sa_sigaction = run_program_handler;
@@ -71,7 +133,7 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
     }
     int r = real_sigaction(sig, use, old);
     if (r == 0) {
-        if (old && old->sa_sigaction == run_program_handler)
+        if (old && (old->sa_sigaction == run_program_handler || old->sa_sigaction == end_by_signal))
             *old = prev;
         if (act)
             program[sig] = *act;

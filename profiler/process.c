@@ -187,7 +187,8 @@ void _al_process_exec_failed(void)
         _al_report_forget_exec();
 }
 
-void _al_process_before_exit_syscall(int status, bool *own_memory)
+/* The report of a process ending without exit(), perhaps from a signal handler. */
+static void report_abrupt_end(enum al_report_kind kind, int status, bool *own_memory)
 {
     if (atomic_load(&_al_state) != AL_STATE_READY || !started || !own_process())
         return;
@@ -195,10 +196,24 @@ void _al_process_before_exit_syscall(int status, bool *own_memory)
     if (t && t->busy) {
         /* A signal handler interrupted one of our calls: the state it left half-updated (and
          * the lock it may hold) cannot be reported from here. */
-        _al_log("the program ended without exit() (status %d) from inside an allocator call "
-                "(a signal handler's?): no report for this process", status & 0xff);
+        if (kind == AL_REPORT_SIGNAL)
+            _al_log("SIG%s came inside an allocator call: no report for this process",
+                    sigabbrev_np(status));
+        else
+            _al_log("the program ended without exit() (status %d) from inside an allocator call "
+                    "(a signal handler's?): no report for this process", status);
         return;
     }
     *own_memory = true;
-    _al_report_write(AL_REPORT_EXIT, true, status & 0xff);
+    _al_report_write(kind, kind == AL_REPORT_EXIT, status);
+}
+
+void _al_process_before_exit_syscall(int status, bool *own_memory)
+{
+    report_abrupt_end(AL_REPORT_EXIT, status & 0xff, own_memory);
+}
+
+void _al_process_before_fatal_signal(int sig, bool *own_memory)
+{
+    report_abrupt_end(AL_REPORT_SIGNAL, sig, own_memory);
 }

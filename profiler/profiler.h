@@ -912,6 +912,9 @@ void _al_process_exec_failed(void);
  * one of our calls, setting *OWN_MEMORY first (the thread's allocations then bypass the
  * allocator). */
 void _al_process_before_exit_syscall(int status, bool *own_memory);
+/* SIG, left at its default action by the program, is about to end the process: the same, but
+ * the report says the process ended by SIG. */
+void _al_process_before_fatal_signal(int sig, bool *own_memory);
 
 /* ---- allocator.c: which library really serves the calls ----------------------------------- */
 
@@ -944,6 +947,7 @@ struct al_report {
     uint64_t runtime_ns;
     bool has_exit_status;
     int exit_status;
+    int end_signal;        /* the signal ending the process (no exit status), or 0 */
     double cycles_per_ns;
     struct al_allocator_info allocator;
     uint64_t large_threshold;
@@ -978,9 +982,17 @@ void _al_report_memory_json(struct al_buf *b, const struct al_report *r);
 void _al_report_memory_text(struct al_buf *b, const struct al_report *r);
 void _al_report_text(struct al_buf *b, const struct al_report *r);
 
-enum al_report_kind { AL_REPORT_EXIT, AL_REPORT_EXEC };
+enum al_report_kind {
+    AL_REPORT_EXIT,   /* STATUS: the exit status */
+    AL_REPORT_EXEC,   /* the image is about to be replaced */
+    AL_REPORT_SIGNAL, /* STATUS: the signal about to end the process */
+};
 /* Gathers the process's report and writes it where the settings say. */
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);
+/* Whether this process has a report to write at its end (not a side process without -o). */
+bool _al_report_planned(void);
+/* Waits, up to MS milliseconds, for a report another thread has begun to be written. */
+void _al_report_wait_written(unsigned ms);
 void _al_report_forget_exec(void);
 void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
 

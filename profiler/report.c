@@ -16,7 +16,7 @@
 
 #include "profiler.h"
 
-static _Atomic int written;
+static _Atomic int written, finished;
 /* What stderr was when the image started: a program may close it and reuse fd 2 for a file
  * of its own, which must not receive our report. */
 static struct stat stderr_at_start;
@@ -31,6 +31,7 @@ static size_t cmdline_len;
 void _al_report_restart(bool new_image)
 {
     atomic_store(&written, 0);
+    atomic_store(&finished, 0);
     image_start = _al_tsc_pair_now();
     if (!new_image)
         return; /* a forked child runs the same command line */
@@ -66,12 +67,13 @@ static void sample_mode_rows(struct al_report *r)
         memset(r->hist, 0, (size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof *r->hist);
 }
 
-static void gather(struct al_report *r, bool has_status, int status)
+static void gather(struct al_report *r, enum al_report_kind kind, bool has_status, int status)
 {
     r->pid = getpid();
     read_cmdline(r);
     r->has_exit_status = has_status;
-    r->exit_status = status;
+    r->exit_status = has_status ? status : 0;
+    r->end_signal = kind == AL_REPORT_SIGNAL ? status : 0;
     struct al_clock_pair now = _al_tsc_pair_now();
     r->cycles_per_ns = _al_tsc_rate(_al_tsc_start(), now);
     if (r->cycles_per_ns == 0.0) {
@@ -213,7 +215,7 @@ static void write_report(struct write_args *w)
         goto out;
     }
     r->hist = hist;
-    gather(r, has_status, status);
+    gather(r, kind, has_status, status);
     /* The sites' frames are named once for every writer below: from debug information in the
      * main process (the only one to write text and pprof), else the dynamic symbol table. */
     if (_al_sampler.enabled)
@@ -274,11 +276,20 @@ static void report_on_own_stack(void)
     write_report(&pending);
 }
 
-void _al_report_write(enum al_report_kind kind, bool has_status, int status)
+/* Whether the process ending as KIND (exit or a signal) is the run's main one. */
+static bool main_at_end(enum al_report_kind kind)
 {
-    if (atomic_exchange(&written, 1))
-        return;
-    bool main_image = kind == AL_REPORT_EXIT && getpid() == _al_settings.main_pid;
+    return kind != AL_REPORT_EXEC && getpid() == _al_settings.main_pid;
+}
+
+bool _al_report_planned(void)
+{
+    return _al_settings.output || (main_at_end(AL_REPORT_EXIT) && (_al_settings.text || _al_settings.pprof));
+}
+
+static void write_on_own_stack(enum al_report_kind kind, bool has_status, int status)
+{
+    bool main_image = main_at_end(kind);
     if (!_al_settings.output && !(main_image && (_al_settings.text || _al_settings.pprof)))
         return; /* nothing to write (a shell's subshells, without -o): nothing to gather */
     pending = (struct write_args){ kind, has_status, status, main_image };
@@ -294,6 +305,21 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
     if (swapcontext(&caller_ctx, &report_ctx) < 0)
         write_report(&pending);
     _al_mem_unmap(stack, REPORT_STACK);
+}
+
+void _al_report_write(enum al_report_kind kind, bool has_status, int status)
+{
+    if (atomic_exchange(&written, 1))
+        return;
+    write_on_own_stack(kind, has_status, status);
+    atomic_store(&finished, 1);
+}
+
+void _al_report_wait_written(unsigned ms)
+{
+    const struct timespec tick = { 0, 1000000 };
+    for (unsigned i = 0; i < ms && atomic_load(&written) && !atomic_load(&finished); i++)
+        nanosleep(&tick, NULL);
 }
 
 void _al_report_forget_exec(void)

@@ -31,6 +31,9 @@ static void program(struct al_buf *b, const struct al_report *r)
                    (unsigned long long)r->runtime_ns);
     if (r->has_exit_status)
         _al_buf_printf(b, "%d", r->exit_status);
+    else if (r->end_signal)
+        _al_buf_printf(b, "null, \"exit_status_reason\": \"ended by signal %d (SIG%s)\", \"signal\": %d",
+                       r->end_signal, sigabbrev_np(r->end_signal), r->end_signal);
     else
         _al_buf_puts(b, "null, \"exit_status_reason\": \"the image was replaced by exec\"");
     _al_buf_puts(b, " },\n");

@@ -42,6 +42,8 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
                                                                                    : "default: no config");
     _al_buf_puts(b, "runtime      ");
     human_time(b, (double)r->runtime_ns);
+    if (r->end_signal)
+        _al_buf_printf(b, ", ended by SIG%s", sigabbrev_np(r->end_signal));
     _al_buf_printf(b, "; threads %llu in all, at most %llu at once; serial ",
                    (unsigned long long)r->threads.total, (unsigned long long)r->threads.max_live);
     human_time(b, _al_report_ns(r, (double)r->threads.serial_cycles));

@@ -147,6 +147,16 @@ def check_sh(tap, desc, main, sides, stdout, stderr):
            f"{[(r['program'].get('argv'), report_vallocs(r)) for r in sides]}")
 
 
+def check_term_busy(tap, desc, main, sides, stdout, stderr):
+    """host_signals term-busy: SIGTERM most likely came inside an allocator call: either the
+    report is there, ended by SIGTERM, or one line says why there is none."""
+    said = b"no report for this process" in stderr
+    tap.ok((main is not None and main["program"].get("signal") == signal.SIGTERM and not said)
+           or (main is None and said),
+           f"{desc}: the report, ended by SIGTERM, or a line saying why not",
+           f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+
+
 def check_in_malloc(tap, desc, main, sides, stdout, stderr):
     """host_quick_exit in-malloc: _exit from a handler that most likely interrupted the allocator
     (holding its lock): the run finished (checked already), and either the report is there,
@@ -175,8 +185,13 @@ CASES = [
     case("execv in place", "host_exec", ["inplace", "@leaf"], check=check_inplace),
     case("failed execs then carry on", "host_exec", ["enoent", "@leaf"]),
     case("SIGALRM+SIGUSR1 handlers", "host_signals", ["handlers"]),
-    case("raise SIGTERM", "host_signals", ["term"], main_report=False),
-    case("SIGTERM with threads allocating", "host_signals", ["term-threads"], main_report=False),
+    case("raise SIGTERM", "host_signals", ["term"]),
+    case("SIGTERM with threads allocating", "host_signals", ["term-threads"]),
+    case("SIGTERM to a thread inside the allocator", "host_signals", ["term-busy"],
+         main_report=False, default_text=True, check=check_term_busy),
+    case("write to a pipe nobody reads: SIGPIPE", "host_signals", ["pipe"]),
+    case("dispositions as the program sees them; SIGINT at its default", "host_signals",
+         ["dispositions"]),
     case("abort", "host_signals", ["abort"], main_report=False),
     case("_exit from a signal handler", "host_signals", ["exit-handler"]),
     case("blocked signal, sigsuspend", "host_signals", ["mask"]),
@@ -347,9 +362,16 @@ def check(tap, alloc, c, plain, prof, ptmp, tmp):
     if c["main_report"]:
         main, err = load(out)
         if tap.ok(main is not None, f"{desc}: main report written and parseable", err):
-            got = main.get("program", {}).get("exit_status")
-            tap.ok(got == prof.returncode, f"{desc}: report's program.exit_status",
-                   f"report says {got!r}, the process exited {prof.returncode}")
+            prog = main.get("program", {})
+            if prof.returncode < 0:
+                got = (prog.get("exit_status"), prog.get("signal"))
+                tap.ok(got == (None, -prof.returncode),
+                       f"{desc}: report's program.signal (exit_status null)",
+                       f"report says {prog}, the process was killed by {-prof.returncode}")
+            else:
+                got = prog.get("exit_status")
+                tap.ok(got == prof.returncode, f"{desc}: report's program.exit_status",
+                       f"report says {got!r}, the process exited {prof.returncode}")
     elif os.path.exists(out):
         main, err = load(out)
         tap.ok(main is not None, f"{desc}: no main report expected; the file there parses", err)

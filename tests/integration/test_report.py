@@ -122,6 +122,14 @@ def main():
     tap.ok(p.returncode == 0 and f"unavailable: {reason}" in p.stdout,
            "text: memory waste in --mode time is unavailable, with the report's reason", p.stdout[-1200:])
 
+    # A process ended by a signal: its report has no exit status; the runtime line says why.
+    proc, rep4 = altest.run("glibc", ["sh", "-c", "kill -TERM $$"], tmp, name="term")
+    p = report([os.path.join(tmp, "term.json")], tmp)
+    tap.ok(proc.returncode == -15 and (rep4 or {}).get("program", {}).get("signal") == 15
+           and "ended by signal 15 (SIGTERM)" in p.stdout,
+           "text: a process ended by SIGTERM: the runtime line says so",
+           f"status {proc.returncode}; {(rep4 or {}).get('program')}\n{p.stdout[:600]}")
+
     # Bad input: one line, status 2.
     notjson = os.path.join(tmp, "notjson.json")
     with open(notjson, "w") as f:

@@ -6,6 +6,13 @@
  *                 never allocate). Prints the counts it waited for and exits 0.
  *   term          allocates, then raise(SIGTERM): dies by SIGTERM
  *   term-threads  4 threads allocate without pause; main sends SIGTERM to the process
+ *   term-busy     the same, but SIGTERM goes to one of the allocating threads (pthread_kill),
+ *                 most likely inside the allocator
+ *   pipe          allocates, then writes to a pipe whose reader is gone: dies by SIGPIPE
+ *   dispositions  prints the dispositions of the signals that end a process by default, as
+ *                 sigaction reports them; installs a SIGINT handler and puts the default back,
+ *                 printing what signal() returned each time; ignores SIGHUP and raises it;
+ *                 then raises SIGINT: dies by SIGINT
  *   abort         allocates, then abort(): dies by SIGABRT
  *   exit-handler  a SIGUSR1 handler calls _exit(5) while the main loop allocates
  *   mask          SIGUSR1 blocked around allocation, then delivered by sigsuspend; exits 0
@@ -89,6 +96,14 @@ static void *spinner(void *arg)
     return NULL;
 }
 
+static const char *disposition(int sig)
+{
+    struct sigaction sa;
+    if (sigaction(sig, NULL, &sa) != 0)
+        return "error";
+    return sa.sa_handler == SIG_DFL ? "default" : sa.sa_handler == SIG_IGN ? "ignored" : "handler";
+}
+
 static void install(int sig, void (*fn)(int))
 {
     struct sigaction sa;
@@ -140,6 +155,49 @@ int main(int argc, char **argv)
         kill(getpid(), SIGTERM);
         for (;;)
             pause();
+    }
+    if (!strcmp(mode, "term-busy")) {
+        pthread_t t[4];
+        for (long k = 0; k < 4; k++)
+            pthread_create(&t[k], NULL, spinner, (void *)(k * 1000));
+        usleep(20000);
+        printf("term-busy: sending SIGTERM to an allocating thread\n");
+        fflush(stdout);
+        pthread_kill(t[0], SIGTERM);
+        for (;;)
+            pause();
+    }
+    if (!strcmp(mode, "pipe")) {
+        for (int i = 0; i < 3000; i++)
+            churn_once(i);
+        int p[2];
+        if (pipe(p) != 0)
+            return 1;
+        close(p[0]);
+        printf("pipe: writing to a pipe nobody reads\n");
+        fflush(stdout);
+        ssize_t w = write(p[1], "x", 1);
+        printf("pipe: still alive? %zd\n", w);
+        return 1;
+    }
+    if (!strcmp(mode, "dispositions")) {
+        static const int sigs[] = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2 };
+        for (unsigned k = 0; k < sizeof sigs / sizeof *sigs; k++)
+            printf("dispositions: SIG%s %s\n", sigabbrev_np(sigs[k]), disposition(sigs[k]));
+        sighandler_t was = signal(SIGINT, on_usr1);
+        printf("dispositions: signal(SIGINT, handler) returned %s\n", was == SIG_DFL ? "SIG_DFL" : "something else");
+        was = signal(SIGINT, SIG_DFL);
+        printf("dispositions: signal(SIGINT, SIG_DFL) returned %s; now %s\n",
+               was == on_usr1 ? "the handler" : "something else", disposition(SIGINT));
+        signal(SIGHUP, SIG_IGN);
+        raise(SIGHUP);
+        printf("dispositions: SIGHUP ignored, still here; %s\n", disposition(SIGHUP));
+        for (int i = 0; i < 2000; i++)
+            churn_once(i);
+        fflush(stdout);
+        raise(SIGINT);
+        printf("dispositions: still alive after SIGINT?\n");
+        return 1;
     }
     if (!strcmp(mode, "abort")) {
         for (int i = 0; i < 2000; i++)
