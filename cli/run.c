@@ -172,6 +172,19 @@ static bool find_command(const char *cmd, char *out, size_t cap)
     return false;
 }
 
+/* The events named once here, with libpfm4, for every process of the run (see counters.c). */
+static void resolve_events_ahead(void)
+{
+    const char *events = getenv(_al_options[AL_OPT_EVENTS].env);
+    const char *mode = getenv(_al_options[AL_OPT_MODE].env);
+    static char attrs[sizeof ((struct al_settings *)0)->event_attrs_buf];
+    if ((events && strcmp(events, "off") == 0) || (mode && strcmp(mode, "sample") == 0) ||
+        _al_counters_resolve_ahead(events, attrs, sizeof attrs) == 0)
+        unsetenv(_al_options[AL_OPT_EVENT_ATTRS].env); /* nothing to count, or nothing resolved */
+    else
+        setenv(_al_options[AL_OPT_EVENT_ATTRS].env, attrs, 1);
+}
+
 static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
 {
     char found[PATH_MAX];
@@ -204,6 +217,7 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
     char pid[24];
     snprintf(pid, sizeof pid, "%d", (int)getpid());
     setenv(_al_options[AL_OPT_MAIN_PID].env, pid, 1);
+    resolve_events_ahead();
     execvp(cmd[0], cmd);
     int e = errno;
     fprintf(stderr, "alloclens: cannot run %s: %s\n", cmd[0], strerror(e));

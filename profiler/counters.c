@@ -18,7 +18,6 @@
  * less the time between those records. Between counted calls the ring may fill; the kernel
  * then drops records (cheaply), and the next counted call frees it first. Nothing after init
  * allocates. */
-#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,67 +31,10 @@
 #include "counters.h"
 #include "profiler.h"
 
-#include <perfmon/pfmlib_perf_event.h>
-
 struct al_counters_config _al_counters = { .sample_every = 1 };
 
 #define SAMPLE_EVERY_MAX 1000000u
 
-static const char default_hw[] = "instructions,cache-misses,dTLB-load-misses,page-faults";
-static const char default_sw[] = "page-faults,context-switches,task-clock";
-
-/* ---- libpfm4 --------------------------------------------------------------------------- */
-
-/* libpfm4 is opened for the names and closed once they are resolved: loading it relocates its
- * event tables, about 2 MiB that would stay resident in the profiled process all run long. */
-#define PFM_SONAME "libpfm.so.4"
-
-static struct {
-    void *handle;
-    int init_ret;
-    char why[160]; /* why it could not be loaded */
-    __typeof__(pfm_initialize) *initialize;
-    __typeof__(pfm_terminate) *terminate;
-    __typeof__(pfm_get_os_event_encoding) *encode;
-    __typeof__(pfm_strerror) *strerror;
-} pfm = { .init_ret = PFM_ERR_NOINIT };
-
-static bool pfm_open(void)
-{
-    if (pfm.handle)
-        return pfm.init_ret == PFM_SUCCESS;
-    pfm.handle = dlopen(PFM_SONAME, RTLD_NOW | RTLD_LOCAL);
-    if (!pfm.handle) {
-        const char *e = dlerror();
-        snprintf(pfm.why, sizeof pfm.why, "libpfm4 cannot be loaded: %s", e ? e : PFM_SONAME);
-        return false;
-    }
-    pfm.initialize = (__typeof__(pfm.initialize))dlsym(pfm.handle, "pfm_initialize");
-    pfm.terminate = (__typeof__(pfm.terminate))dlsym(pfm.handle, "pfm_terminate");
-    pfm.encode = (__typeof__(pfm.encode))dlsym(pfm.handle, "pfm_get_os_event_encoding");
-    pfm.strerror = (__typeof__(pfm.strerror))dlsym(pfm.handle, "pfm_strerror");
-    if (!pfm.initialize || !pfm.terminate || !pfm.encode || !pfm.strerror) {
-        snprintf(pfm.why, sizeof pfm.why, "%s lacks the libpfm4 functions needed", PFM_SONAME);
-        dlclose(pfm.handle);
-        pfm.handle = NULL;
-        return false;
-    }
-    pfm.init_ret = pfm.initialize();
-    if (pfm.init_ret != PFM_SUCCESS)
-        snprintf(pfm.why, sizeof pfm.why, "libpfm4 failed to initialize: %s", pfm.strerror(pfm.init_ret));
-    return pfm.init_ret == PFM_SUCCESS;
-}
-
-static void pfm_close(void)
-{
-    if (!pfm.handle)
-        return;
-    if (pfm.init_ret == PFM_SUCCESS)
-        pfm.terminate();
-    dlclose(pfm.handle);
-    pfm.handle = NULL;
-    pfm.init_ret = PFM_ERR_NOINIT;
-}
 
 static long perf_open(struct perf_event_attr *attr, int group_fd)
 {
@@ -112,40 +54,6 @@ static enum al_event_kind kind_of(const struct perf_event_attr *a)
     if (a->config == PERF_COUNT_SW_TASK_CLOCK || a->config == PERF_COUNT_SW_CPU_CLOCK)
         return AL_EV_CLOCK;
     return AL_EV_RING;
-}
-
-int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err, size_t errcap)
-{
-    if (err && errcap)
-        err[0] = '\0';
-    if (!pfm_open()) {
-        if (err && errcap)
-            snprintf(err, errcap, "%s", pfm.why);
-        return -ENODEV;
-    }
-    if (!name)
-        name = "";
-
-    memset(attr, 0, sizeof *attr);
-    pfm_perf_encode_arg_t arg;
-    memset(&arg, 0, sizeof arg);
-    arg.attr = attr;
-    arg.size = sizeof arg;
-    int ret = PFM_ERR_NOTFOUND;
-    if (name[0])
-        ret = pfm.encode(name, PFM_PLM3, PFM_OS_PERF_EVENT_EXT, &arg);
-    if (ret != PFM_SUCCESS) {
-        int e = ret == PFM_ERR_NOTFOUND ? -ENOENT : -EINVAL;
-        if (err && errcap)
-            snprintf(err, errcap, "%s event '%s' (libpfm4: %s)",
-                     e == -ENOENT ? "unknown" : "invalid", name, pfm.strerror(ret));
-        memset(attr, 0, sizeof *attr);
-        return e;
-    }
-    attr->size = sizeof *attr;
-    attr->exclude_kernel = 1;
-    attr->exclude_hv = 1;
-    return 0;
 }
 
 /* ---- init ------------------------------------------------------------------------------- */
@@ -235,31 +143,6 @@ static __attribute__((format(printf, 1, 2))) void add_reason(const char *fmt, ..
     va_end(ap);
 }
 
-/* Appends the next comma-separated name of *S into NAME (NAMECAP); false at the end. Names
- * too long for NAME come back truncated with *TOO_LONG set. */
-static bool next_name(const char **s, char *name, size_t namecap, bool *too_long)
-{
-    const char *p = *s;
-    while (*p == ',' || *p == ' ')
-        p++;
-    if (!*p)
-        return false;
-    size_t n = 0;
-    *too_long = false;
-    while (*p && *p != ',') {
-        if (n + 1 < namecap)
-            name[n++] = *p;
-        else
-            *too_long = true;
-        p++;
-    }
-    while (n > 0 && name[n - 1] == ' ')
-        n--;
-    name[n] = '\0';
-    *s = p;
-    return true;
-}
-
 /* Resolves LIST into _al_counters.events. User-named events that do not resolve are warned
  * about and dropped when USER; the default sets always resolve. */
 static void resolve_list(const char *list, bool user)
@@ -268,7 +151,7 @@ static void resolve_list(const char *list, bool user)
     const char *p = list;
     char name[sizeof _al_counters.events[0].name];
     bool too_long;
-    while (next_name(&p, name, sizeof name, &too_long)) {
+    while (_al_event_next_name(&p, name, sizeof name, &too_long)) {
         if (too_long) {
             _al_log("event '%s...': name too long, ignored", name);
             continue;
@@ -346,7 +229,7 @@ static int choose_named(const char *events, bool *user_only)
  * event decides), software events otherwise. */
 static int choose_default(bool *user_only)
 {
-    resolve_list(default_hw, false);
+    resolve_list(_al_events_default_hw, false);
     int e = _al_counters.nevents ? probe(&_al_counters.events[0], user_only) : ENOENT;
     if (e == 0)
         return probe_all(false, user_only);
@@ -357,7 +240,7 @@ static int choose_default(bool *user_only)
                         strerror(e));
         return -1;
     }
-    resolve_list(default_sw, false);
+    resolve_list(_al_events_default_sw, false);
     snprintf(_al_counters.reason, sizeof _al_counters.reason,
              "no hardware PMU on this machine (perf_event_open: %s); software events instead",
              strerror(e));
@@ -422,10 +305,13 @@ static void counters_init(const char *events, unsigned sample_every)
     _al_counters.available = true;
 }
 
-void _al_counters_init(const char *events, unsigned sample_every)
+void _al_counters_init(const char *events, unsigned sample_every, const char *resolved)
 {
+    if (resolved && !_al_event_names_load(resolved))
+        _al_log("%s is not what 'alloclens run' writes there; event names resolved with libpfm4",
+                _al_options[AL_OPT_EVENT_ATTRS].env);
     counters_init(events, sample_every);
-    pfm_close();
+    _al_event_names_done();
 }
 
 /* ---- per-thread groups ------------------------------------------------------------------ */

@@ -69,12 +69,26 @@ struct al_ring_window {
 extern struct al_counters_config _al_counters;
 
 /* Resolves the comma-separated EVENTS (NULL: the default set) and probes whether they can be
- * opened here; fills _al_counters. Never fails the program: see .available and .reason. */
-void _al_counters_init(const char *events, unsigned sample_every);
+ * opened here; fills _al_counters. RESOLVED: what _al_counters_resolve_ahead wrote for them in
+ * 'alloclens run' (NULL: libpfm4 resolves them here). Never fails the program: see .available
+ * and .reason. */
+void _al_counters_init(const char *events, unsigned sample_every, const char *resolved);
 
-/* Event-name resolution alone (unit-testable): NAME through libpfm4 into ATTR.
- * 0, or a negative errno with a one-line reason in ERR. */
+/* ---- event_names.c: names to encodings ---------------------------------------------------- */
+
+extern const char _al_events_default_hw[], _al_events_default_sw[];
+/* Event-name resolution alone (unit-testable): NAME, from what was resolved ahead or through
+ * libpfm4, into ATTR. 0, or a negative errno with a one-line reason in ERR. */
 int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err, size_t errcap);
+/* The encodings of EVENTS (NULL or "default": both default sets) into OUT (CAP bytes), as
+ * _al_counters_init takes them; its length (0: none resolved). */
+size_t _al_counters_resolve_ahead(const char *events, char *out, size_t cap);
+/* Takes what _al_counters_resolve_ahead wrote; whether it all parsed (if not, none is used). */
+bool _al_event_names_load(const char *text);
+void _al_event_names_done(void); /* unloads libpfm4 */
+/* The next comma-separated name of *S into NAME (NAMECAP); false at the end. Names too long
+ * for NAME come back truncated with *TOO_LONG set. */
+bool _al_event_next_name(const char **s, char *name, size_t namecap, bool *too_long);
 
 /* Whether this call is the 1-in-N counted one (the hot path: one decrement, one branch). */
 static inline __attribute__((always_inline)) bool _al_counters_due(struct al_thread_counters *c)

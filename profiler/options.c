@@ -47,6 +47,10 @@ const struct al_option _al_options[AL_OPT_N] = {
     [AL_OPT_MAIN_PID] = { "main-pid", "ALLOCLENS_MAIN_PID", AL_OPT_INT, "0", 0, 1ll << 30,
         "pid whose report is the OUTPUT file itself (0: the first process that loads alloclens; "
         "set by 'alloclens run')", true },
+    [AL_OPT_EVENT_ATTRS] = { "event-attrs", "ALLOCLENS_EVENT_ATTRS", AL_OPT_STRING, "", 0, 0,
+        "the events' perf_event_attr encodings, resolved once with libpfm4 so that profiled "
+        "processes need not load it (set by 'alloclens run'; empty: each process resolves them)",
+        true },
 };
 
 int _al_option_parse_num(const struct al_option *o, const char *text, long long *ret)
@@ -181,4 +185,5 @@ void _al_settings_load(struct al_settings *s)
         _al_log("%s='%s' is none of 'full', 'time' or 'sample'; using the default full",
                 _al_options[AL_OPT_MODE].env, mode);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
+    s->event_attrs = str_setting(AL_OPT_EVENT_ATTRS, s->event_attrs_buf, sizeof s->event_attrs_buf);
 }

@@ -118,7 +118,7 @@ void _al_process_start(void)
                      "off (--syscalls 0)");
         if (_al_settings.events && strcmp(_al_settings.events, "off") != 0) {
             _al_counters_init(strcmp(_al_settings.events, "default") ? _al_settings.events : NULL,
-                              _al_settings.sample_every);
+                              _al_settings.sample_every, _al_settings.event_attrs);
         } else {
             _al_counters.available = false;
             snprintf(_al_counters.reason, sizeof _al_counters.reason, "off (--events off)");

@@ -282,6 +282,7 @@ enum al_opt_id {
     AL_OPT_SYSCALLS,
     AL_OPT_ALLOCATOR,
     AL_OPT_MAIN_PID,
+    AL_OPT_EVENT_ATTRS,
     AL_OPT_N
 };
 
@@ -317,7 +318,9 @@ struct al_settings {
     bool syscalls;          /* count the allocator's system calls (syscall user dispatch) */
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
+    const char *event_attrs; /* the events' encodings, resolved by 'alloclens run', or NULL */
     char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096], pprof_buf[4096], events_buf[1024];
+    char event_attrs_buf[4096];
 };
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the

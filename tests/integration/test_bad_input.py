@@ -155,6 +155,19 @@ def test_bad_variables(tap):
     same_as_plain(tap, desc, plain, prof)
     one_line(tap, desc, prof, "ALLOCLENS_MAIN_PID", "xx")
 
+    # Event encodings that are not what `alloclens run` writes: one line, and the events
+    # resolved as without them.
+    tmp = tmpdir()
+    desc = "ALLOCLENS_EVENT_ATTRS=garbage"
+    out = os.path.join(tmp, "r.json")
+    plain, prof = direct(tmp, [LEAF, "2", "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
+                         ALLOCLENS_EVENT_ATTRS="garbage=page-faults")
+    same_as_plain(tap, desc, plain, prof)
+    one_line(tap, desc, prof, "ALLOCLENS_EVENT_ATTRS")
+    r = load(out)
+    tap.ok(r is not None and r.get("counters", {}).get("available"),
+           f"{desc}: report written, events counted", f"report counters: {None if r is None else r.get('counters')}")
+
     # A mode that does not exist: one line, and the default mode's report.
     tmp = tmpdir()
     desc = "ALLOCLENS_MODE=fast"

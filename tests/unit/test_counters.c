@@ -7,6 +7,7 @@
 
 #include "check_main.h"
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -95,6 +96,35 @@ START_TEST(resolve_valid)
 }
 END_TEST
 
+/* What 'alloclens run' resolves ahead is what the profiled process then resolves to, without
+ * libpfm4 for the names it has: a name libpfm4 does not know resolves from the table. */
+START_TEST(resolve_ahead_roundtrip)
+{
+    char text[4096];
+    size_t len = _al_counters_resolve_ahead("page-faults,task-clock,page-faults", text, sizeof text);
+    ck_assert_uint_gt(len, 0);
+    ck_assert_uint_eq(strlen(text), len);
+    ck_assert_ptr_null(strstr(strstr(text, "=page-faults") + 1, "=page-faults")); /* once */
+    struct perf_event_attr want, got;
+    ck_assert_int_eq(_al_event_resolve("task-clock", &want, NULL, 0), 0);
+    /* The same bytes under a name of our own. */
+    char *task = strstr(text, "=task-clock");
+    ck_assert_ptr_nonnull(task);
+    size_t hex = 2 * sizeof(struct perf_event_attr);
+    char renamed[1024];
+    snprintf(renamed, sizeof renamed, "%.*s=al-test-event", (int)hex, task - hex);
+    ck_assert(_al_event_names_load(renamed));
+    ck_assert_int_eq(_al_event_resolve("al-test-event", &got, NULL, 0), 0);
+    ck_assert_mem_eq(&got, &want, sizeof got);
+    /* Malformed: none of it is used. */
+    snprintf(renamed + hex / 2, sizeof renamed - hex / 2, "zz;");
+    ck_assert(!_al_event_names_load(renamed));
+    ck_assert_int_eq(_al_event_resolve("al-test-event", &got, NULL, 0), -ENOENT);
+    ck_assert(_al_event_names_load(""));
+    _al_event_names_done();
+}
+END_TEST
+
 START_TEST(resolve_invalid)
 {
     struct perf_event_attr a;
@@ -136,7 +166,7 @@ START_TEST(init_default_set)
 {
     int err;
     enum pmu pmu = machine_pmu(&err);
-    _al_counters_init(NULL, 1);
+    _al_counters_init(NULL, 1, NULL);
     if (pmu == PMU_DENIED) {
         ck_assert(!_al_counters.available);
         ck_assert_msg(strstr(_al_counters.reason, "perf_event_paranoid"), "%s", _al_counters.reason);
@@ -180,7 +210,7 @@ START_TEST(init_user_events)
         return;
 
     /* An unknown name is warned about and dropped; the rest are counted. */
-    _al_counters_init("page-faults,no-such-event,task-clock", 100);
+    _al_counters_init("page-faults,no-such-event,task-clock", 100, NULL);
     ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
     ck_assert_uint_eq(_al_counters.nevents, 2);
     ck_assert_str_eq(_al_counters.events[0].name, "page-faults");
@@ -189,32 +219,32 @@ START_TEST(init_user_events)
     ck_assert_uint_eq(_al_counters.sample_every, 100);
 
     /* Nothing left: unavailable, and the reason names the events. */
-    _al_counters_init("no-such-event", 1);
+    _al_counters_init("no-such-event", 1, NULL);
     ck_assert(!_al_counters.available);
     ck_assert_uint_eq(_al_counters.nevents, 0);
     ck_assert_msg(strstr(_al_counters.reason, "no-such-event"), "%s", _al_counters.reason);
 
     /* A hardware event: dropped where there is no PMU, counted where there is one. */
-    _al_counters_init("cycles,page-faults", 1);
+    _al_counters_init("cycles,page-faults", 1, NULL);
     ck_assert(_al_counters.available);
     ck_assert(has_event("page-faults"));
     ck_assert(has_event("cycles") == (pmu == PMU_YES));
     ck_assert(_al_counters.software == (pmu == PMU_NO));
-    _al_counters_init("cycles", 1);
+    _al_counters_init("cycles", 1, NULL);
     ck_assert(_al_counters.available == (pmu == PMU_YES));
     if (pmu == PMU_NO)
         ck_assert_msg(strstr(_al_counters.reason, "cycles"), "%s", _al_counters.reason);
 
     /* More than AL_MAX_EVENTS: the extra ones are ignored. */
     _al_counters_init("page-faults,task-clock,context-switches,cpu-clock,page-faults,task-clock,"
-                      "context-switches", 1);
+                      "context-switches", 1, NULL);
     ck_assert(_al_counters.available);
     ck_assert_uint_eq(_al_counters.nevents, AL_MAX_EVENTS);
 
     /* sample_every is kept in 1..1e6. */
-    _al_counters_init("page-faults", 0);
+    _al_counters_init("page-faults", 0, NULL);
     ck_assert_uint_eq(_al_counters.sample_every, 1);
-    _al_counters_init("page-faults", 5000000);
+    _al_counters_init("page-faults", 5000000, NULL);
     ck_assert_uint_eq(_al_counters.sample_every, 1000000);
 }
 END_TEST
@@ -228,7 +258,7 @@ static bool counting(const char *events, struct al_thread_counters *c)
     int err;
     if (machine_pmu(&err) == PMU_DENIED)
         return false;
-    _al_counters_init(events, 1);
+    _al_counters_init(events, 1, NULL);
     ck_assert_msg(_al_counters.available, "%s", _al_counters.reason);
     memset(c, 0, sizeof *c);
     c->countdown = 1;
@@ -258,7 +288,7 @@ START_TEST(count_page_faults)
     }
 
     /* Not due: nothing happens until the countdown runs out. */
-    _al_counters_init("page-faults", 3);
+    _al_counters_init("page-faults", 3, NULL);
     c.countdown = 3;
     ck_assert(!_al_counters_due(&c));
     ck_assert(!_al_counters_due(&c));
@@ -791,6 +821,7 @@ static Suite *counters_suite(void)
     TCase *t = tcase_create("resolve");
     tcase_add_test(t, resolve_valid);
     tcase_add_test(t, resolve_invalid);
+    tcase_add_test(t, resolve_ahead_roundtrip);
     suite_add_tcase(s, t);
     t = tcase_create("init");
     tcase_add_test(t, init_default_set);
