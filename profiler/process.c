@@ -140,6 +140,7 @@ void _al_process_start(void)
         _al_settings.main_pid = getpid();
     }
     _al_report_restart(true);
+    _al_threads_phase_restart();
     on_exit(on_exit_report, NULL);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),

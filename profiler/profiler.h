@@ -435,6 +435,8 @@ void _al_threads_after_fork_child(void);
 void _al_threads_atfork_prepare(void);
 void _al_threads_atfork_parent(void);
 void _al_threads_init(void);
+/* The serial and parallel times count from now: from where the report's runtime does. */
+void _al_threads_phase_restart(void);
 
 struct al_thread_totals {
     uint64_t total, max_live;

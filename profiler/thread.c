@@ -174,6 +174,14 @@ void _al_threads_init(void)
     reg.phase_since = _al_tsc();
 }
 
+void _al_threads_phase_restart(void)
+{
+    lock();
+    reg.serial_cycles = reg.parallel_cycles = 0;
+    reg.phase_since = _al_tsc();
+    unlock();
+}
+
 struct al_thread *_al_thread_attach(void)
 {
     lock();
