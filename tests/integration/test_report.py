@@ -76,6 +76,10 @@ def main():
         tap.done()
     path = os.path.join(tmp, "full.json")
     want = ops_rows(rep)
+    th, runtime = rep["threads"], rep["program"]["runtime_ns"]
+    tap.ok(abs(th["serial_ns"] + th["parallel_ns"] - runtime) <= 0.05 * runtime + 1e6,
+           "serial and parallel time add up to the runtime (5%, 1 ms)",
+           f"serial {th['serial_ns']} + parallel {th['parallel_ns']} against runtime {runtime}")
 
     p = report([path], tmp)
     tap.ok(p.returncode == 0 and not p.stderr, "report renders as text, exit 0", p.stderr)
