@@ -172,7 +172,7 @@ static bool find_command(const char *cmd, char *out, size_t cap)
     return false;
 }
 
-/* The events named once here, with libpfm4, for every process of the run (see counters.c). */
+/* The events named once here, with libpfm4, for every process of the run (see event_names.c). */
 static void resolve_events_ahead(void)
 {
     const char *events = getenv(_al_options[AL_OPT_EVENTS].env);

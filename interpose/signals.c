@@ -63,9 +63,13 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
     struct al_thread *t = _al_tls;
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
-    _al_process_before_fatal_signal(sig, &_al_own_memory);
-    /* Another thread may be writing the report already (a second signal, or exit). */
-    _al_report_wait_written(2000);
+    /* Writing the report itself raised it (SIGPIPE, its text to a closed pipe): it ends the
+     * process as it would have, no second try. */
+    if (!_al_report_writing_here()) {
+        _al_process_before_fatal_signal(sig, &_al_own_memory);
+        /* Another thread may be writing the report already (a second signal, or exit). */
+        _al_report_wait_written(2000);
+    }
     struct sigaction dfl = { .sa_handler = SIG_DFL };
     real_sigaction(sig, &dfl, NULL);
     sigset_t only;

@@ -104,22 +104,6 @@ void _al_buf_free(struct al_buf *b)
     b->len = b->cap = 0;
 }
 
-int _al_write_all(int fd, const void *data, size_t len)
-{
-    const char *p = data;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int _al_buf_write_fd(const struct al_buf *b, int fd)
 {
     return b->failed ? -ENOMEM : _al_write_all(fd, b->data, b->len);

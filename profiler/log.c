@@ -1,11 +1,49 @@
-/* The one place the profiler talks to the user while the program runs: a line on stderr,
- * formatted on the stack and written with write(2) (no stdio, no allocation), capped so a
- * misbehaving run cannot flood the program's stderr. */
+/* What the profiler writes to descriptors: the one line on stderr it talks to the user with
+ * while the program runs (formatted on the stack and written with write(2): no stdio, no
+ * allocation; capped so a misbehaving run cannot flood the program's stderr), and whole
+ * reports. Neither may end the program by SIGPIPE. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
 
 #include "profiler.h"
+
+static int write_loop(int fd, const char *p, size_t len)
+{
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Into a pipe nobody reads (the text report on a stderr piped to `head`), SIGPIPE is blocked
+ * for the write, and the one the write raised, if any, taken back. */
+int _al_write_all(int fd, const void *data, size_t len)
+{
+    sigset_t pipe_only, old, pending;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    bool was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+    int r = write_loop(fd, data, len);
+    if (r == -EPIPE && !was_pending) {
+        const struct timespec now = { 0, 0 };
+        while (sigtimedwait(&pipe_only, NULL, &now) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
 
 #define MAX_MESSAGES 32
 
@@ -30,9 +68,9 @@ void _al_log(const char *fmt, ...)
     line[total++] = '\n';
     if (n == MAX_MESSAGES - 1) {
         static const char more[] = "alloclens: further messages suppressed\n";
-        (void)!write(STDERR_FILENO, line, total);
-        (void)!write(STDERR_FILENO, more, sizeof more - 1);
+        (void)_al_write_all(STDERR_FILENO, line, total);
+        (void)_al_write_all(STDERR_FILENO, more, sizeof more - 1);
         return;
     }
-    (void)!write(STDERR_FILENO, line, total);
+    (void)_al_write_all(STDERR_FILENO, line, total);
 }

@@ -247,7 +247,8 @@ void _al_buf_u64(struct al_buf *b, uint64_t v); /* in decimal; for long lists, w
 void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
 void _al_buf_free(struct al_buf *b);
-/* Writes all of DATA (LEN bytes) to FD, through short writes and EINTR; 0 or a negative errno. */
+/* log.c: writes all of DATA (LEN bytes) to FD, through short writes and EINTR, never ending
+ * the program by SIGPIPE; 0 or a negative errno. */
 int _al_write_all(int fd, const void *data, size_t len);
 /* Writes the whole buffer to fd; 0 or a negative errno. */
 int _al_buf_write_fd(const struct al_buf *b, int fd);
@@ -998,6 +999,7 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 bool _al_report_planned(void);
 /* Waits, up to MS milliseconds, for a report another thread has begun to be written. */
 void _al_report_wait_written(unsigned ms);
+bool _al_report_writing_here(void); /* the calling thread is writing the report */
 void _al_report_forget_exec(void);
 void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
 

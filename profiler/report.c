@@ -17,6 +17,8 @@
 #include "profiler.h"
 
 static _Atomic int written, finished;
+/* This thread is writing the report (a signal may interrupt it: SIGPIPE, from its own text). */
+static __thread bool writing_here __attribute__((tls_model("initial-exec")));
 /* What stderr was when the image started: a program may close it and reuse fd 2 for a file
  * of its own, which must not receive our report. */
 static struct stat stderr_at_start;
@@ -311,8 +313,15 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
 {
     if (atomic_exchange(&written, 1))
         return;
+    writing_here = true;
     write_on_own_stack(kind, has_status, status);
+    writing_here = false;
     atomic_store(&finished, 1);
+}
+
+bool _al_report_writing_here(void)
+{
+    return writing_here;
 }
 
 void _al_report_wait_written(unsigned ms)

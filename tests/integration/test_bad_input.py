@@ -264,6 +264,25 @@ def test_unwritable_paths(tap):
            f"{desc}: one line for the parent's report and one for the child's", show(prof))
 
 
+def test_stderr_pipe_closed(tap):
+    """The text report on a stderr whose reader is gone: the write fails quietly; the program's
+    exit status and output are its own, and the JSON report is still written."""
+    tmp = tmpdir()
+    out = os.path.join(tmp, "r.json")
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        plain = subprocess.run([LEAF, "3", "100"], stdout=subprocess.PIPE, stderr=w, timeout=TIMEOUT)
+        prof = subprocess.run([altest.cli(), "run", "-o", out, "--", LEAF, "3", "100"],
+                              stdout=subprocess.PIPE, stderr=w, env=clean_env(), timeout=TIMEOUT)
+    finally:
+        os.close(w)
+    tap.ok(prof.returncode == plain.returncode == 3 and prof.stdout == plain.stdout,
+           "text report to a stderr pipe nobody reads: exit status and stdout the program's own",
+           f"plain {plain.returncode} {plain.stdout!r}; profiled {prof.returncode} {prof.stdout!r}")
+    tap.ok(load(out) is not None, "text report to a stderr pipe nobody reads: JSON written")
+
+
 def test_allocators(tap):
     """(c), (d): unknown allocators."""
     tmp = tmpdir()
@@ -458,6 +477,7 @@ def main():
     tap.ok(p is not None and p.returncode == 0, "first run (probe) exits 0", show(p))
     test_bad_variables(tap)
     test_unwritable_paths(tap)
+    test_stderr_pipe_closed(tap)
     test_allocators(tap)
     test_cli_usage(tap)
     test_static_program(tap)
