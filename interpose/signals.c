@@ -31,8 +31,7 @@ static int (*real_pthread_sigmask)(int, const sigset_t *, sigset_t *);
  * run_program_handler, which the program is never handed: it is told what it asked for. */
 static struct sigaction program[_NSIG];
 
-static const int ending_signals[] = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2 };
-/* The signals whose default our handler stands in for in this process. */
+/* Those of _al_ending_signals whose default our handler stands in for in this process. */
 static bool ending[_NSIG];
 
 void _al_signals_resolve(void)
@@ -63,13 +62,9 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
     struct al_thread *t = _al_tls;
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
-    /* Writing the report itself raised it (SIGPIPE, its text to a closed pipe): it ends the
-     * process as it would have, no second try. */
-    if (!_al_report_writing_here()) {
-        _al_process_before_fatal_signal(sig, &_al_own_memory);
-        /* Another thread may be writing the report already (a second signal, or exit). */
-        _al_report_wait_written(2000);
-    }
+    _al_process_before_fatal_signal(sig, &_al_own_memory);
+    /* Another thread may be writing the report already (a second signal, or exit). */
+    _al_report_wait_written(2000);
     struct sigaction dfl = { .sa_handler = SIG_DFL };
     real_sigaction(sig, &dfl, NULL);
     sigset_t only;
@@ -95,8 +90,8 @@ void _al_signals_start(void)
     if (!_al_report_planned())
         return; /* nothing to write at the end: the defaults stay as they are */
     struct sigaction mine = end_action(), cur;
-    for (unsigned i = 0; i < sizeof ending_signals / sizeof *ending_signals; i++) {
-        int sig = ending_signals[i];
+    for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++) {
+        int sig = _al_ending_signals[i];
         /* Ignored (nohup, a shell's background job) or handled already: left alone. */
         if (real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL &&
             real_sigaction(sig, &mine, NULL) == 0)

@@ -7,6 +7,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -17,8 +19,9 @@
 #include "profiler.h"
 
 static _Atomic int written, finished;
-/* This thread is writing the report (a signal may interrupt it: SIGPIPE, from its own text). */
-static __thread bool writing_here __attribute__((tls_model("initial-exec")));
+
+const int _al_ending_signals[AL_ENDING_SIGNALS] = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM,
+                                                    SIGUSR1, SIGUSR2 };
 /* What stderr was when the image started: a program may close it and reuse fd 2 for a file
  * of its own, which must not receive our report. */
 static struct stat stderr_at_start;
@@ -313,15 +316,15 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
 {
     if (atomic_exchange(&written, 1))
         return;
-    writing_here = true;
+    /* One arriving now waits for the report to be whole (then ends the process as it would). */
+    sigset_t ending, old;
+    sigemptyset(&ending);
+    for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++)
+        sigaddset(&ending, _al_ending_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &ending, &old);
     write_on_own_stack(kind, has_status, status);
-    writing_here = false;
     atomic_store(&finished, 1);
-}
-
-bool _al_report_writing_here(void)
-{
-    return writing_here;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 void _al_report_wait_written(unsigned ms)
