@@ -109,6 +109,19 @@ def same_as_plain(tap, desc, plain, prof):
            f"plain {plain.returncode}, alloclens {prof.returncode}\n{prof.stderr[-1500:]}")
 
 
+def bad_variable(tap, var, value, *must):
+    """VAR=VALUE in direct use: the program runs as plain, one line names VAR and MUST.
+    Returns the description and the JSON report (or None)."""
+    tmp = tmpdir()
+    desc = f"{var}={value}"
+    out = os.path.join(tmp, "r.json")
+    plain, prof = direct(tmp, [LEAF, "2", "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
+                         **{var: value})
+    same_as_plain(tap, desc, plain, prof)
+    one_line(tap, desc, prof, var, *must)
+    return desc, load(out)
+
+
 def test_bad_variables(tap):
     """(a) malformed numeric variables: the program runs as it would, one line, and the
     reports are still written with the default."""
@@ -157,26 +170,12 @@ def test_bad_variables(tap):
 
     # Event encodings that are not what `alloclens run` writes: one line, and the events
     # resolved as without them.
-    tmp = tmpdir()
-    desc = "ALLOCLENS_EVENT_ATTRS=garbage"
-    out = os.path.join(tmp, "r.json")
-    plain, prof = direct(tmp, [LEAF, "2", "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
-                         ALLOCLENS_EVENT_ATTRS="garbage=page-faults")
-    same_as_plain(tap, desc, plain, prof)
-    one_line(tap, desc, prof, "ALLOCLENS_EVENT_ATTRS")
-    r = load(out)
+    desc, r = bad_variable(tap, "ALLOCLENS_EVENT_ATTRS", "garbage=page-faults")
     tap.ok(r is not None and r.get("counters", {}).get("available"),
            f"{desc}: report written, events counted", f"report counters: {None if r is None else r.get('counters')}")
 
     # A mode that does not exist: one line, and the default mode's report.
-    tmp = tmpdir()
-    desc = "ALLOCLENS_MODE=fast"
-    out = os.path.join(tmp, "r.json")
-    plain, prof = direct(tmp, [LEAF, "2", "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
-                         ALLOCLENS_MODE="fast")
-    same_as_plain(tap, desc, plain, prof)
-    one_line(tap, desc, prof, "ALLOCLENS_MODE", "fast")
-    r = load(out)
+    desc, r = bad_variable(tap, "ALLOCLENS_MODE", "fast", "fast")
     tap.ok(r is not None and r.get("mode") == "full", f"{desc}: report written in mode full",
            f"report mode: {None if r is None else r.get('mode')}")
 
@@ -363,21 +362,24 @@ def test_cli_usage(tap):
                f"missing {missing}\n{show(p)}")
 
 
+def unreachable_program(tap, what, prog, status, said):
+    """PROG, which LD_PRELOAD cannot reach, under `alloclens run`: its output and exit status
+    (STATUS) its own, one line saying SAID and that there is no report, and none written."""
+    out = os.path.join(tmpdir(), "r.json")
+    plain = run([prog, str(status), "100"])
+    p = run([altest.cli(), "run", "-o", out, "--", prog, str(status), "100"])
+    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+           and p.returncode == plain.returncode == status,
+           f"run -- {what}: its output and exit status unchanged", show(p))
+    one_line(tap, f"run -- {what}", p, said, "no report", status=status)
+    tap.ok(not os.path.exists(out), f"run -- {what}: no report file")
+
+
 def test_static_program(tap):
-    """A statically linked program: output and exit status its own, one line, no report."""
     if not STATIC:
         tap.skip("run -- a statically linked program", "no static libc to build one with")
         return
-    tmp = tmpdir()
-    out = os.path.join(tmp, "r.json")
-    plain = run([STATIC, "5", "100"])
-    p = run([altest.cli(), "run", "-o", out, "--", STATIC, "5", "100"])
-    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
-           and p.returncode == plain.returncode == 5,
-           "run -- a statically linked program: its output and exit status unchanged", show(p))
-    one_line(tap, "run -- a statically linked program", p, "statically linked", "no report",
-             status=5)
-    tap.ok(not os.path.exists(out), "run -- a statically linked program: no report file")
+    unreachable_program(tap, "a statically linked program", STATIC, 5, "statically linked")
 
 
 def test_setuid_program(tap):
@@ -395,14 +397,7 @@ def test_setuid_program(tap):
     if os.statvfs(prog).f_flag & os.ST_NOSUID:
         tap.skip("run -- a set-user-ID program", f"{tmp} is mounted nosuid")
         return
-    out = os.path.join(tmp, "r.json")
-    plain = run([prog, "6", "100"])
-    p = run([altest.cli(), "run", "-o", out, "--", prog, "6", "100"])
-    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
-           and p.returncode == plain.returncode == 6,
-           "run -- a set-user-ID program: its output and exit status unchanged", show(p))
-    one_line(tap, "run -- a set-user-ID program", p, "set-user-ID", "no report", status=6)
-    tap.ok(not os.path.exists(out), "run -- a set-user-ID program: no report file")
+    unreachable_program(tap, "a set-user-ID program", prog, 6, "set-user-ID")
 
 
 def test_configs(tap):

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,25 +146,18 @@ int main(int argc, char **argv)
         printf("term: still alive?\n");
         return 1;
     }
-    if (!strcmp(mode, "term-threads")) {
+    if (!strcmp(mode, "term-threads") || !strcmp(mode, "term-busy")) {
+        bool busy = !strcmp(mode, "term-busy");
         pthread_t t[4];
         for (long k = 0; k < 4; k++)
             pthread_create(&t[k], NULL, spinner, (void *)(k * 1000));
         usleep(20000);
-        printf("term-threads: sending SIGTERM to the process\n");
+        printf("%s: sending SIGTERM to %s\n", mode, busy ? "an allocating thread" : "the process");
         fflush(stdout);
-        kill(getpid(), SIGTERM);
-        for (;;)
-            pause();
-    }
-    if (!strcmp(mode, "term-busy")) {
-        pthread_t t[4];
-        for (long k = 0; k < 4; k++)
-            pthread_create(&t[k], NULL, spinner, (void *)(k * 1000));
-        usleep(20000);
-        printf("term-busy: sending SIGTERM to an allocating thread\n");
-        fflush(stdout);
-        pthread_kill(t[0], SIGTERM);
+        if (busy)
+            pthread_kill(t[0], SIGTERM);
+        else
+            kill(getpid(), SIGTERM);
         for (;;)
             pause();
     }
