@@ -1,14 +1,11 @@
 /* alloclens run: put liballoclens.so and the chosen allocator in front of a command and
  * exec it in place, so its stdin, stdout, stderr, signals and exit status are its own. The
  * report is written by the library when the program exits. */
-#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -121,57 +118,6 @@ static int set_value(const struct al_option *o, const char *value)
     return 0;
 }
 
-/* Whether PATH is an ELF program with no interpreter: statically linked (Go programs, most
- * often), it never loads what LD_PRELOAD names. */
-static bool statically_linked(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    Elf64_Ehdr eh;
-    bool elf = pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
-               eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr);
-    bool interp = false;
-    for (unsigned i = 0; elf && !interp && i < eh.e_phnum; i++) {
-        Elf64_Phdr ph;
-        if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + i * sizeof ph)) != (ssize_t)sizeof ph)
-            elf = false;
-        else
-            interp = ph.p_type == PT_INTERP;
-    }
-    close(fd);
-    return elf && !interp;
-}
-
-/* Whether running PATH changes our user or group: the loader then runs it securely and ignores
- * LD_PRELOAD's paths. Not on a file system mounted nosuid, where the bits do nothing. */
-static bool changes_identity(const char *path)
-{
-    struct stat st;
-    struct statvfs fs;
-    if (stat(path, &st) < 0 || (statvfs(path, &fs) == 0 && (fs.f_flag & ST_NOSUID)))
-        return false;
-    return ((st.st_mode & S_ISUID) && st.st_uid != geteuid()) ||
-           ((st.st_mode & S_ISGID) && (st.st_mode & S_IXGRP) && st.st_gid != getegid());
-}
-
-/* CMD as execvp finds it: itself when it names a path, else the first executable file of that
- * name in PATH; false when there is none (execvp then says why). */
-static bool find_command(const char *cmd, char *out, size_t cap)
-{
-    if (strchr(cmd, '/'))
-        return (size_t)snprintf(out, cap, "%s", cmd) < cap;
-    const char *path = getenv("PATH");
-    for (const char *p = path ? path : "/usr/local/bin:/usr/bin:/bin"; *p;) {
-        size_t n = strcspn(p, ":");
-        if ((size_t)snprintf(out, cap, "%.*s%s%s", (int)n, p, n ? "/" : "", cmd) < cap &&
-            access(out, X_OK) == 0)
-            return true;
-        p += n + (p[n] == ':');
-    }
-    return false;
-}
-
 /* The events named once here, with libpfm4, for every process of the run (see event_names.c). */
 static void resolve_events_ahead(void)
 {
@@ -187,15 +133,10 @@ static void resolve_events_ahead(void)
 
 static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
 {
-    char found[PATH_MAX];
-    if (find_command(cmd[0], found, sizeof found)) {
-        if (statically_linked(found))
-            fprintf(stderr, "alloclens: %s is statically linked: nothing can be put in front of its "
-                    "allocator, so it runs unprofiled and writes no report\n", cmd[0]);
-        else if (changes_identity(found))
-            fprintf(stderr, "alloclens: %s is set-user-ID or set-group-ID: the loader ignores "
-                    "LD_PRELOAD for it, so it runs unprofiled and writes no report\n", cmd[0]);
-    }
+    const char *unreachable = _al_preload_unreachable(cmd[0]);
+    if (unreachable)
+        fprintf(stderr, "alloclens: %s %s, so it runs unprofiled and writes no report\n", cmd[0],
+                unreachable);
     char lib[PATH_MAX];
     if (_al_cli_sibling("../interpose/liballoclens.so", "liballoclens.so", lib, sizeof lib) < 0) {
         fprintf(stderr, "alloclens: cannot find liballoclens.so (looked beside this command and in %s)\n", lib);

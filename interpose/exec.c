@@ -1,6 +1,7 @@
 /* The exec family: an image about to be replaced writes its report first (the new image,
- * preloaded again through the environment, writes its own at exit). If the exec fails, the
- * early report is withdrawn and this image goes on as before. errno is kept as exec left it. */
+ * preloaded again through the environment, writes its own at exit; where LD_PRELOAD cannot
+ * reach it, a line says it will not). If the exec fails, the early report is withdrawn and
+ * this image goes on as before. errno is kept as exec left it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -42,7 +43,7 @@ AL_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec();
+    _al_process_before_exec(path);
     return failed(next.execve(path, argv, envp));
 }
 
@@ -52,7 +53,7 @@ AL_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec();
+    _al_process_before_exec(file);
     return failed(next.execvpe(file, argv, envp));
 }
 
@@ -62,7 +63,7 @@ AL_EXPORT int execv(const char *path, char *const argv[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec();
+    _al_process_before_exec(path);
     return failed(next.execv(path, argv));
 }
 
@@ -72,7 +73,7 @@ AL_EXPORT int execvp(const char *file, char *const argv[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec();
+    _al_process_before_exec(file);
     return failed(next.execvp(file, argv));
 }
 
@@ -82,7 +83,7 @@ AL_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec();
+    _al_process_before_exec(NULL);
     return failed(next.fexecve(fd, argv, envp));
 }
 

@@ -176,8 +176,11 @@ static bool own_process(void)
     return getpid() == image_pid;
 }
 
-void _al_process_before_exec(void)
+void _al_process_before_exec(const char *file)
 {
+    const char *unreachable = started && _al_report_planned() ? _al_preload_unreachable(file) : NULL;
+    if (unreachable)
+        _al_log("%s %s, so it runs unprofiled and writes no report", file, unreachable);
     if (own_process())
         _al_report_write(AL_REPORT_EXEC, false, 0);
 }

@@ -331,6 +331,10 @@ void _al_settings_load(struct al_settings *s);
  * NULL. */
 const char *_al_env(const char *name);
 
+/* reach.c: why LD_PRELOAD cannot reach the program CMD (a path, or a name execvp would look up
+ * in PATH), as "is ...", or NULL when it can (or CMD is not found). */
+const char *_al_preload_unreachable(const char *cmd);
+
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 
 struct al_row {
@@ -911,7 +915,10 @@ extern al_usable_size_fn *_al_usable_size;
 
 void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */
-void _al_process_before_exec(void);
+/* About to exec FILE (a path, or a name looked up in PATH; NULL: an fd): the report of this
+ * image first, and a line when the new image will write none because LD_PRELOAD cannot reach
+ * it. */
+void _al_process_before_exec(const char *file);
 void _al_process_exec_failed(void);
 /* _exit or _Exit called by the program, or quick_exit's handlers done: exit() and so our
  * handler will not run. Writes the report unless this is a vfork child or the thread is inside

@@ -10,7 +10,8 @@ report path or an unknown allocator with exit status 2 and one line, before runn
 A statically linked program, or a set-user-ID one owned by another user (LD_PRELOAD reaches
 neither), runs unchanged, and one line says that it writes no report.
 
-usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so [HOST_STATIC]
+usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so HOST_EXEC
+                         [HOST_STATIC]
 """
 import json
 import os
@@ -21,7 +22,7 @@ import sys
 
 import altest
 
-SO = LEAF = FORK = NOT_ALLOC = STATIC = None
+SO = LEAF = FORK = NOT_ALLOC = EXEC = STATIC = None
 TIMEOUT = 15
 HANGS = 0
 DIRS = []
@@ -380,6 +381,16 @@ def test_static_program(tap):
         tap.skip("run -- a statically linked program", "no static libc to build one with")
         return
     unreachable_program(tap, "a statically linked program", STATIC, 5, "statically linked")
+    # Exec'd by the profiled program: its report will be missing, and one line says so.
+    tmp = tmpdir()
+    out = os.path.join(tmp, "r.json")
+    plain = run([EXEC, "leaf", STATIC])
+    p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", EXEC, "leaf", STATIC])
+    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+           and p.returncode == plain.returncode == 0,
+           "a statically linked program exec'd: output and exit status unchanged", show(p))
+    one_line(tap, "a statically linked program exec'd", p, "statically linked", "no report",
+             os.path.basename(STATIC))
 
 
 def test_setuid_program(tap):
@@ -461,9 +472,9 @@ def test_configs(tap):
 
 
 def main():
-    global SO, LEAF, FORK, NOT_ALLOC, STATIC, CACHE
-    SO, LEAF, FORK, NOT_ALLOC = sys.argv[1:5]
-    STATIC = sys.argv[5] if len(sys.argv) > 5 else None
+    global SO, LEAF, FORK, NOT_ALLOC, EXEC, STATIC, CACHE
+    SO, LEAF, FORK, NOT_ALLOC, EXEC = sys.argv[1:6]
+    STATIC = sys.argv[6] if len(sys.argv) > 6 else None
     CACHE = tmpdir()
     tap = altest.Tap()
     # The first run under glibc probes it and says so on stderr; do it once here, so that the

@@ -1,0 +1,75 @@
+/* Whether LD_PRELOAD reaches a program: not a statically linked one (no interpreter in its ELF
+ * headers, so nothing loads what LD_PRELOAD names: Go programs, most often), nor one that is
+ * set-user-ID or set-group-ID for someone else (the loader runs it securely and ignores
+ * LD_PRELOAD's paths). 'alloclens run' asks it of its command, the exec wrappers of what the
+ * program execs, so that a report missing for that reason is said to be. */
+#include <elf.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "profiler.h"
+
+static bool statically_linked(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    Elf64_Ehdr eh;
+    bool elf = pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+               eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr);
+    bool interp = false;
+    for (unsigned i = 0; elf && !interp && i < eh.e_phnum; i++) {
+        Elf64_Phdr ph;
+        if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + i * sizeof ph)) != (ssize_t)sizeof ph)
+            elf = false;
+        else
+            interp = ph.p_type == PT_INTERP;
+    }
+    close(fd);
+    return elf && !interp;
+}
+
+/* Not on a file system mounted nosuid, where the bits do nothing. */
+static bool changes_identity(const char *path)
+{
+    struct stat st;
+    struct statvfs fs;
+    if (stat(path, &st) < 0 || (statvfs(path, &fs) == 0 && (fs.f_flag & ST_NOSUID)))
+        return false;
+    return ((st.st_mode & S_ISUID) && st.st_uid != geteuid()) ||
+           ((st.st_mode & S_ISGID) && (st.st_mode & S_IXGRP) && st.st_gid != getegid());
+}
+
+/* CMD as execvp finds it: itself when it names a path, else the first executable file of that
+ * name in PATH; false when there is none. */
+static bool find_command(const char *cmd, char *out, size_t cap)
+{
+    if (strchr(cmd, '/'))
+        return (size_t)snprintf(out, cap, "%s", cmd) < cap;
+    const char *path = _al_env("PATH");
+    for (const char *p = path ? path : "/usr/local/bin:/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        if ((size_t)snprintf(out, cap, "%.*s%s%s", (int)n, p, n ? "/" : "", cmd) < cap &&
+            access(out, X_OK) == 0)
+            return true;
+        p += n + (p[n] == ':');
+    }
+    return false;
+}
+
+const char *_al_preload_unreachable(const char *cmd)
+{
+    char found[PATH_MAX];
+    if (!cmd || !find_command(cmd, found, sizeof found))
+        return NULL;
+    if (statically_linked(found))
+        return "is statically linked: nothing can be put in front of its allocator";
+    if (changes_identity(found))
+        return "is set-user-ID or set-group-ID: the loader ignores LD_PRELOAD for it";
+    return NULL;
+}
