@@ -36,7 +36,6 @@ static size_t cmdline_len;
 void _al_report_restart(bool new_image)
 {
     atomic_store(&written, 0);
-    atomic_store(&finished, 0);
     image_start = _al_tsc_pair_now();
     if (!new_image)
         return; /* a forked child runs the same command line */
@@ -287,17 +286,23 @@ static bool main_at_end(enum al_report_kind kind)
     return kind != AL_REPORT_EXEC && getpid() == _al_settings.main_pid;
 }
 
+/* Whether a process ending as KIND has anything to write: OUTPUT, or the main image's text or
+ * pprof (a shell's subshells, without -o, have nothing). */
+static bool planned(enum al_report_kind kind)
+{
+    return _al_settings.output || (main_at_end(kind) && (_al_settings.text || _al_settings.pprof));
+}
+
 bool _al_report_planned(void)
 {
-    return _al_settings.output || (main_at_end(AL_REPORT_EXIT) && (_al_settings.text || _al_settings.pprof));
+    return planned(AL_REPORT_EXIT);
 }
 
 static void write_on_own_stack(enum al_report_kind kind, bool has_status, int status)
 {
-    bool main_image = main_at_end(kind);
-    if (!_al_settings.output && !(main_image && (_al_settings.text || _al_settings.pprof)))
-        return; /* nothing to write (a shell's subshells, without -o): nothing to gather */
-    pending = (struct write_args){ kind, has_status, status, main_image };
+    if (!planned(kind))
+        return; /* nothing to gather */
+    pending = (struct write_args){ kind, has_status, status, main_at_end(kind) };
     void *stack = _al_mem_map(REPORT_STACK);
     if (!stack || getcontext(&report_ctx) < 0) {
         write_report(&pending); /* no memory for a stack: try on the caller's */
@@ -316,6 +321,7 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
 {
     if (atomic_exchange(&written, 1))
         return;
+    atomic_store(&finished, 0); /* a first try, or another after an exec that failed */
     /* One arriving now waits for the report to be whole (then ends the process as it would). */
     sigset_t ending, old;
     sigemptyset(&ending);
