@@ -77,10 +77,10 @@ struct al_real_fns _al_real, _al_next;
 
 /* ---- resolution ------------------------------------------------------------------------- */
 
-static void *object_base(const void *fn)
+static uintptr_t object_base(const void *fn)
 {
-    Dl_info info;
-    return fn && dladdr(fn, &info) ? info.dli_fbase : NULL;
+    struct al_object obj;
+    return _al_object_of(fn, &obj) ? obj.base : 0;
 }
 
 #define RESOLVE_NEXT(sym) _al_real.sym = (__typeof__(_al_real.sym))dlsym(RTLD_NEXT, #sym);
@@ -97,7 +97,7 @@ static void *object_base(const void *fn)
 static int real_resolve(void)
 {
     _al_real.malloc = (__typeof__(_al_real.malloc))dlsym(RTLD_NEXT, "malloc");
-    void *allocator = object_base((const void *)_al_real.malloc);
+    uintptr_t allocator = object_base((const void *)_al_real.malloc);
     if (!_al_real.malloc || !allocator)
         return -ENOENT;
 #define AL_ENTRY(kind, op, sym, params, args, size, align, target) RESOLVE_##target(sym)

@@ -947,6 +947,14 @@ extern struct al_allocator_info _al_allocator;
 
 void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc,
                             const void *own_malloc, const char *requested);
+
+/* The loaded object holding ADDR: where its mappings start (one value per object) and its
+ * path ("" for the program itself). */
+struct al_object {
+    uintptr_t base;
+    const char *path;
+};
+bool _al_object_of(const void *addr, struct al_object *out);
 /* Loads the allocator's description (ALLOCLENS_CONFIG); a config that cannot be read, or that
  * describes another library than the one serving the calls, is reported and not used. */
 void _al_allocator_load_config(struct al_allocator_info *a, const char *path);
