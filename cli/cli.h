@@ -41,6 +41,8 @@ const char *_al_cli_str(struct json_object *o, const char *key);
 size_t _al_cli_len(struct json_object *array);
 bool _al_cli_available(struct json_object *section);
 void _al_cli_bytes(char *out, size_t cap, double v);
+/* The first line of json-c's last error, into OUT (CAP bytes; "" when there is none). */
+void _al_cli_json_error(char *out, size_t cap);
 
 /* prerun.c */
 int _al_cli_cmd_prerun(int argc, char **argv);
@@ -51,5 +53,8 @@ int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, s
  * tree); 0 or -1. */
 int _al_cli_self_exe(char *out, size_t cap);
 int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, size_t cap);
+/* Whether PATH (SHOWN in the message) can be written: 0, or one line naming WHAT ("the
+ * report") and -1. A file it had to create is removed again. */
+int _al_cli_check_writable(const char *path, const char *shown, const char *what);
 
 #endif

@@ -97,8 +97,9 @@ static bool read_report(const char *path, double m[M_N], char *why, size_t cap)
 {
     json_object *r = json_object_from_file(path);
     if (!r) {
-        const char *e = json_util_get_last_err();
-        snprintf(why, cap, "no readable report (%.*s)", e ? (int)strcspn(e, "\n") : 0, e ? e : "");
+        char e[256];
+        _al_cli_json_error(e, sizeof e);
+        snprintf(why, cap, "no readable report (%.100s)", e);
         return false;
     }
     for (int k = 0; k < M_N; k++)
@@ -371,8 +372,7 @@ static int parse_allocators(const char *list, struct compared *cs, int cap)
         struct al_found_allocator found[AL_MAX_ALLOCATORS];
         int n = _al_cli_find_allocators(found, AL_MAX_ALLOCATORS);
         for (int i = 0; i < n && i < cap; i++)
-            if (_al_cli_resolve_allocator(found[i].name, &cs[i].alloc) < 0)
-                return -1;
+            cs[i].alloc = found[i];
         if (n == 0)
             fprintf(stderr, "alloclens: no allocator found on this machine\n");
         return n ? n : -1;
@@ -509,18 +509,8 @@ int _al_cli_cmd_compare(int argc, char **argv)
     int n = parse_allocators(list, cs, MAX_COMPARED);
     if (n < 0)
         return 2;
-    if (output) {
-        /* Fail now rather than after every run; leave no empty file behind. */
-        bool existed = access(output, F_OK) == 0;
-        int fd = open(output, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            fprintf(stderr, "alloclens: cannot write the comparison to %s: %s\n", output, strerror(errno));
-            return 2;
-        }
-        close(fd);
-        if (!existed)
-            unlink(output);
-    }
+    if (output && _al_cli_check_writable(output, output, "the comparison") < 0)
+        return 2;
     return compare(cs, n, runs, mode, output, cmd, false);
 }
 

@@ -1,5 +1,8 @@
-/* The alloclens command: subcommand dispatch, top-level help, and finding the files that
- * ship beside it (the preload library, the demo workload) in a build tree or an install. */
+/* The alloclens command: subcommand dispatch, top-level help, finding the files that ship
+ * beside it (the preload library, the demo workload) in a build tree or an install, and
+ * checking that an output file can be written before anything runs. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -57,6 +60,21 @@ int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, 
     }
     snprintf(out, cap, "%s/%s", ALLOCLENS_INSTALL_LIBDIR, install_name);
     return access(out, R_OK) == 0 ? 0 : -1;
+}
+
+int _al_cli_check_writable(const char *path, const char *shown, const char *what)
+{
+    /* Fail now rather than after the run; leave no empty file behind. */
+    bool existed = access(path, F_OK) == 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "alloclens: cannot write %s to %s: %s\n", what, shown, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    if (!existed)
+        unlink(path);
+    return 0;
 }
 
 int main(int argc, char **argv)

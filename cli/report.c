@@ -410,8 +410,10 @@ int _al_cli_cmd_report(int argc, char **argv)
     }
     json_object *r = json_object_from_file(in);
     if (!r || json_object_get_type(r) != json_type_object || !_al_cli_get(r, "ops")) {
-        const char *e = r ? "not an alloclens report" : json_util_get_last_err();
-        fprintf(stderr, "alloclens: cannot read %s: %.*s\n", in, (int)strcspn(e ? e : "", "\n"), e ? e : "");
+        char e[256] = "not an alloclens report";
+        if (!r)
+            _al_cli_json_error(e, sizeof e);
+        fprintf(stderr, "alloclens: cannot read %s: %s\n", in, e);
         json_object_put(r);
         return 2;
     }

@@ -3,6 +3,8 @@
  * one way both commands write a byte count. */
 #include <json-c/json.h>
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "cli.h"
 
@@ -47,4 +49,10 @@ void _al_cli_bytes(char *out, size_t cap, double v)
         snprintf(out, cap, "%.1f KiB", v / 1024);
     else
         snprintf(out, cap, "%.0f B", v);
+}
+
+void _al_cli_json_error(char *out, size_t cap)
+{
+    const char *e = json_util_get_last_err();
+    snprintf(out, cap, "%.*s", e ? (int)strcspn(e, "\n") : 0, e ? e : "");
 }

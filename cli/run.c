@@ -2,7 +2,6 @@
  * exec it in place, so its stdin, stdout, stderr, signals and exit status are its own. The
  * report is written by the library when the program exits. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,17 +79,7 @@ static int absolute_output(const char *path, char *out, size_t cap)
             return -1;
         }
     }
-    /* Fail now rather than after the whole run; leave no empty file behind. */
-    bool existed = access(out, F_OK) == 0;
-    int fd = open(out, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        fprintf(stderr, "alloclens: cannot write the report to %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    close(fd);
-    if (!existed)
-        unlink(out);
-    return 0;
+    return _al_cli_check_writable(out, path, "the report");
 }
 
 static int set_value(const struct al_option *o, const char *value)
@@ -124,7 +113,7 @@ static void resolve_events_ahead(void)
     const char *events = getenv(_al_options[AL_OPT_EVENTS].env);
     const char *mode = getenv(_al_options[AL_OPT_MODE].env);
     static char attrs[sizeof ((struct al_settings *)0)->event_attrs_buf];
-    if ((events && strcmp(events, "off") == 0) || (mode && strcmp(mode, "sample") == 0) ||
+    if ((events && strcmp(events, "off") == 0) || _al_mode_parse(mode) == AL_MODE_SAMPLE ||
         _al_counters_resolve_ahead(events, attrs, sizeof attrs) == 0)
         unsetenv(_al_options[AL_OPT_EVENT_ATTRS].env); /* nothing to count, or nothing resolved */
     else

@@ -38,7 +38,8 @@ def main():
     prog = sys.argv[1]
     tap = altest.Tap()
     found = altest.allocators()
-    names = [a for a in ("glibc", "jemalloc", "tcmalloc", "mimalloc") if a in found][:3]
+    every = [a for a in ("glibc", "jemalloc", "tcmalloc", "mimalloc") if a in found]
+    names = every[:3]
     tap.ok(names, "alloclens allocators finds allocators", "none found")
     tmp = altest.tmpdir()
     for a in names:
@@ -123,7 +124,6 @@ def main():
     # alloclens demo: the bundled workload under every allocator found, each report on stderr,
     # then the table. Its calls are the workload's own (it prints them) plus the C library's.
     p = subprocess.run([altest.cli(), "demo"], capture_output=True, text=True, cwd=tmp, timeout=600)
-    every = [a for a in ("glibc", "jemalloc", "tcmalloc", "mimalloc") if a in found]
     own = [int(l.split()[0].split("=")[1]) for l in p.stdout.splitlines() if l.startswith("calls=")]
     row = next((l.split()[1:] for l in p.stdout.splitlines() if l.startswith("calls ")), [])
     tap.ok(p.returncode == 0 and p.stderr.count("== alloclens report") == len(every)

@@ -81,6 +81,15 @@ def check_inplace(tap, desc, main, sides, stdout, stderr):
            f"side reports: {[r['program'].get('argv') for r in sides]}")
 
 
+def valloc_lines(stdout):
+    return [int(l.split("=")[1]) for l in stdout.decode(errors="replace").splitlines()
+            if l.startswith("valloc=")]
+
+
+def report_vallocs(report):
+    return sum(int(r["count"]) for r in report.get("ops", []) if r["op"] == "valloc")
+
+
 def check_throw(tap, desc, main, sides, stdout, stderr):
     """host_throw: every failed operator new counted (large, address n/a), and the calls the
     program makes after the exceptions unwound through the wrappers counted."""
@@ -95,18 +104,9 @@ def check_throw(tap, desc, main, sides, stdout, stderr):
         r["reuse"] == "n/a" for r in ops if r["op"] == "new" and r["size_class"] == "large"),
            f"{desc}: each failed operator new counted once, large, address n/a",
            f"program: {line}; report: {threw}")
-    vallocs = sum(int(r["count"]) for r in ops if r["op"] == "valloc")
+    vallocs = report_vallocs(main or {})
     tap.ok(vallocs == int(truth["valloc"]), f"{desc}: every valloc after the exceptions counted",
            f"program: {truth['valloc']}; report: {vallocs}")
-
-
-def valloc_lines(stdout):
-    return [int(l.split("=")[1]) for l in stdout.decode(errors="replace").splitlines()
-            if l.startswith("valloc=")]
-
-
-def report_vallocs(report):
-    return sum(int(r["count"]) for r in report.get("ops", []) if r["op"] == "valloc")
 
 
 def check_quick_exit(tap, desc, main, sides, stdout, stderr):
@@ -147,25 +147,23 @@ def check_sh(tap, desc, main, sides, stdout, stderr):
            f"{[(r['program'].get('argv'), report_vallocs(r)) for r in sides]}")
 
 
-def check_term_busy(tap, desc, main, sides, stdout, stderr):
-    """host_signals term-busy: SIGTERM most likely came inside an allocator call: either the
-    report is there, ended by SIGTERM, or one line says why there is none."""
-    said = b"no report for this process" in stderr
-    tap.ok((main is not None and main["program"].get("signal") == signal.SIGTERM and not said)
-           or (main is None and said),
-           f"{desc}: the report, ended by SIGTERM, or a line saying why not",
-           f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+def report_or_why(key, value, what):
+    """A check for a process that most likely ended inside an allocator call: either the report
+    is there with program.KEY == VALUE (WHAT says so), or one line says why there is none."""
+    def check(tap, desc, main, sides, stdout, stderr):
+        said = b"no report for this process" in stderr
+        tap.ok((main is not None and main["program"].get(key) == value and not said)
+               or (main is None and said),
+               f"{desc}: {what}, or a line saying why not",
+               f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+    return check
 
 
-def check_in_malloc(tap, desc, main, sides, stdout, stderr):
-    """host_quick_exit in-malloc: _exit from a handler that most likely interrupted the allocator
-    (holding its lock): the run finished (checked already), and either the report is there,
-    written without the allocator, or one line says why there is none."""
-    said = b"no report for this process" in stderr
-    tap.ok((main is not None and main["program"].get("exit_status") == 7 and not said)
-           or (main is None and said),
-           f"{desc}: the report with exit status 7, or a line saying why not",
-           f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+# host_signals term-busy: SIGTERM most likely came inside an allocator call.
+check_term_busy = report_or_why("signal", signal.SIGTERM, "the report, ended by SIGTERM")
+# host_quick_exit in-malloc: _exit from a handler that most likely interrupted the allocator
+# (holding its lock); the report, if any, was written without the allocator.
+check_in_malloc = report_or_why("exit_status", 7, "the report with exit status 7")
 
 
 CASES = [

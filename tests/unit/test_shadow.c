@@ -141,11 +141,6 @@ START_TEST(every_size_through_the_table)
 }
 END_TEST
 
-static uint16_t owner(uint16_t line)
-{
-    return AL_LINE_OWNER(line);
-}
-
 static void mark_by(uint64_t a, uint64_t req, unsigned tag)
 {
     uint32_t pages;
@@ -165,8 +160,8 @@ START_TEST(big_object_keeps_its_last_line)
     ck_assert(retire((void *)(uintptr_t)(page + 4096 + 1024), &o));
     mark_by(page, 5000, 5);
     mark_by(page + 4096 + 2048, 8, 6);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 4999))), 5);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 4096 + 2048))), 6);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 4999))), 5);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 4096 + 2048))), 6);
 }
 END_TEST
 
@@ -178,9 +173,9 @@ START_TEST(new_big_object_from_pages_back)
     mark_by(page + 2048, 64, 1);
     mark_by(page - 8192, 2 * 4096 + 100, 2);
     uint16_t l = _al_shadow_line((void *)(uintptr_t)page);
-    ck_assert_uint_eq(owner(l), 2);
+    ck_assert_uint_eq(AL_LINE_OWNER(l), 2);
     ck_assert(!(l & AL_LINE_SHARED));
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 2048))), 1);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 2048))), 1);
 }
 END_TEST
 
@@ -211,7 +206,7 @@ START_TEST(line_entries_only_where_shared)
     ck_assert_uint_eq(r->line_blocks, 0);
     unsigned before = level3_pages(r);
     ck_assert_uint_eq(before, 0);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(base + 2 * 4096 + 599))), 9);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(base + 2 * 4096 + 599))), 9);
     /* Another region: twenty pages 8 apart, whose lines would span five pages of a table by
      * page index. */
     r = _al_shadow_region_get(region + (1u << 20));
@@ -220,8 +215,8 @@ START_TEST(line_entries_only_where_shared)
         uint64_t page = region + (1u << 20) + (uint64_t)i * 8 * 4096 + 4096;
         mark_by(page, 64, 3);
         mark_by(page + 64, 64, 4);
-        ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)page)), 3);
-        ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 64))), 4);
+        ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)page)), 3);
+        ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 64))), 4);
         ck_assert_uint_eq(_al_shadow_line((void *)(uintptr_t)(page + 128)), 0);
     }
     ck_assert_uint_eq(r->line_blocks, 20);
@@ -238,19 +233,19 @@ START_TEST(page_owners_stand_for_their_lines)
     mark_by(page + 256, 40, 3);
     mark_by(page + 512, 16, 3);
     ck_assert(retire((void *)(uintptr_t)(page + 512), &o));
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)page)), 3);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 256))), 3);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 512))), 3);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)page)), 3);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 256))), 3);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 512))), 3);
     ck_assert_uint_eq(_al_shadow_line((void *)(uintptr_t)(page + 128)), 0); /* never used */
     ck_assert(!(_al_shadow_line((void *)(uintptr_t)page) & AL_LINE_SHARED));
     /* A second thread comes: the first one's lines are written out, the new one's added. */
     mark_by(page + 64, 16, 4);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)page)), 3);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)page)), 3);
     ck_assert(!(_al_shadow_line((void *)(uintptr_t)page) & AL_LINE_SHARED));
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 64))), 4);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 64))), 4);
     ck_assert(!(_al_shadow_line((void *)(uintptr_t)(page + 64)) & AL_LINE_SHARED));
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 256))), 3);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(page + 512))), 3);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 256))), 3);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 512))), 3);
     ck_assert_uint_eq(_al_shadow_line((void *)(uintptr_t)(page + 128)), 0);
     /* Two threads on one line. */
     mark_by(page + 40, 8, 4);
@@ -259,17 +254,17 @@ START_TEST(page_owners_stand_for_their_lines)
     uint64_t big = 0x7f0001500000ull + 100, end = big + 3 * 4096;
     mark_by(big, 3 * 4096, 5);
     mark_by(end, 16, 6);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(end - 1))), 5);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(end - 1))), 5);
     ck_assert(_al_shadow_line((void *)(uintptr_t)end) & AL_LINE_SHARED);
     /* The pages a big object covers whole are its thread's, also where the pages at its two
      * ends were its thread's already. */
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(big + 4096))), 5);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(big + 4096))), 5);
     uint64_t span = 0x7f0001600000ull;
     mark_by(span, 16, 7);
     mark_by(span + 3 * 4096, 16, 7);
     mark_by(span + 64, 3 * 4096, 7);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(span + 4096))), 7);
-    ck_assert_uint_eq(owner(_al_shadow_line((void *)(uintptr_t)(span + 2 * 4096))), 7);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(span + 4096))), 7);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(span + 2 * 4096))), 7);
 }
 END_TEST
 

@@ -73,6 +73,15 @@ static int wait_status(pid_t pid)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* The parent of a fork or vfork child: waits for it, makes 1000 vallocs, says how it ended. */
+static int parent_goes_on(pid_t pid)
+{
+    int st = wait_status(pid);
+    vallocs(1000);
+    printf("child %d\n", st);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -95,19 +104,13 @@ int main(int argc, char **argv)
             vallocs(500);
             _exit(6);
         }
-        int st = wait_status(pid);
-        vallocs(1000);
-        printf("child %d\n", st);
-        return 0;
+        return parent_goes_on(pid);
     }
     if (!strcmp(mode, "vfork")) {
         pid_t pid = vfork();
         if (pid == 0)
             _exit(2);
-        int st = wait_status(pid);
-        vallocs(1000);
-        printf("child %d\n", st);
-        return 0;
+        return parent_goes_on(pid);
     }
     if (!strcmp(mode, "quick_exit")) {
         at_quick_exit(vallocs_at_quick_exit);

@@ -44,7 +44,7 @@ static void *consumer(void *arg)
     return NULL;
 }
 
-static void fill_size(size_t size)
+static void fill(size_t size)
 {
     for (int i = 0; i < BATCH; i++) {
         batch[i] = malloc(size);
@@ -54,16 +54,11 @@ static void fill_size(size_t size)
     }
 }
 
-static void fill(void)
-{
-    fill_size(SIZE);
-}
-
 static void *producer(void *arg)
 {
     (void)arg;
     for (int r = 0; r < ROUNDS; r++) {
-        fill();
+        fill(SIZE);
         pthread_mutex_lock(&mu);
         round_ready = r;
         pthread_cond_broadcast(&cv);
@@ -85,7 +80,7 @@ int main(int argc, char **argv)
         long freed = 0;
         for (int r = 0; r < CLASS_ROUNDS; r++) {
             size_t size = SIZE + 48 * (size_t)r;
-            fill_size(size);
+            fill(size);
             for (int i = 0; i < BATCH; i++)
                 free(batch[i]);
             freed += (long)(BATCH * size);
@@ -103,7 +98,7 @@ int main(int argc, char **argv)
             pthread_join(c[i], NULL);
     } else {
         for (int r = 0; r < ROUNDS; r++) {
-            fill();
+            fill(SIZE);
             for (int i = 0; i < BATCH; i++)
                 free(batch[i]);
         }
