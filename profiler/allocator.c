@@ -39,7 +39,11 @@ static int holds_address(struct dl_phdr_info *info, size_t size, void *arg)
             continue;
         uintptr_t start = info->dlpi_addr + ph->p_vaddr;
         lo = start < lo ? start : lo;
-        in = in || (q->a >= start && q->a - start < ph->p_memsz);
+        if (q->a >= start && q->a - start < ph->p_memsz) {
+            in = true;
+            q->out->seg_lo = start;
+            q->out->seg_hi = start + ph->p_memsz;
+        }
     }
     if (!in)
         return 0;

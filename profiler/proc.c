@@ -85,16 +85,32 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
     return n;
 }
 
+int _al_proc_pagemap_open(void)
+{
+    return open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+}
+
+void _al_proc_pagemap_close(int fd)
+{
+    if (fd >= 0)
+        close(fd);
+}
+
+size_t _al_proc_pagemap_read(int pagemap, uint64_t first_page, size_t n, uint64_t *entries)
+{
+    ssize_t got = pagemap < 0 ? -1 : pread(pagemap, entries, n * sizeof *entries, (off_t)(first_page * sizeof *entries));
+    return got > 0 ? (size_t)got / sizeof *entries : 0;
+}
+
 void _al_proc_written_pages(int pagemap, const void *p, size_t pages, uint64_t *written)
 {
     memset(written, 0xff, (pages + 63) / 64 * sizeof *written);
     uint64_t first = (uintptr_t)p / 4096, entries[128];
-    for (size_t i = 0; pagemap >= 0 && i < pages;) {
-        size_t k = pages - i < 128 ? pages - i : 128;
-        ssize_t got = pread(pagemap, entries, k * sizeof *entries, (off_t)((first + i) * sizeof *entries));
-        if (got <= 0)
+    for (size_t i = 0; i < pages;) {
+        size_t got = _al_proc_pagemap_read(pagemap, first + i, pages - i < 128 ? pages - i : 128, entries);
+        if (!got)
             return; /* the rest count as written */
-        for (size_t j = 0; j < (size_t)got / sizeof *entries; j++, i++)
+        for (size_t j = 0; j < got; j++, i++)
             if (!(entries[j] >> 62)) /* neither present (bit 63) nor swapped (bit 62) */
                 written[i / 64] &= ~(1ull << (i % 64));
     }

@@ -501,6 +501,12 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
 bool _al_proc_append(const char *path, struct al_buf *b);
 /* The unsigned number at *S in BASE (10 or 16, lower-case digits); *S is left after it. */
 uint64_t _al_proc_num(const char **s, unsigned base);
+/* /proc/self/pagemap, opened for one measurement (a descriptor kept open would go on reading
+ * the parent's pages in a forked child), and N entries of it from FIRST_PAGE into ENTRIES:
+ * how many it read (0 on failure, or with PAGEMAP < 0). */
+int _al_proc_pagemap_open(void);
+void _al_proc_pagemap_close(int fd);
+size_t _al_proc_pagemap_read(int pagemap, uint64_t first_page, size_t n, uint64_t *entries);
 /* Which pages of a private anonymous mapping may hold anything but zeros: bit I of WRITTEN
  * ((PAGES + 63) / 64 words) is clear only where the pagemap (/proc/self/pagemap open at
  * PAGEMAP) says page I of [P, P + PAGES * 4096) is neither resident nor swapped out, which in
@@ -948,11 +954,12 @@ extern struct al_allocator_info _al_allocator;
 void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc,
                             const void *own_malloc, const char *requested);
 
-/* The loaded object holding ADDR: where its mappings start (one value per object) and its
- * path ("" for the program itself). */
+/* The loaded object holding ADDR: where its mappings start (one value per object), its path
+ * ("" for the program itself), and the bounds of the segment holding ADDR. */
 struct al_object {
     uintptr_t base;
     const char *path;
+    uintptr_t seg_lo, seg_hi;
 };
 bool _al_object_of(const void *addr, struct al_object *out);
 /* Loads the allocator's description (ALLOCLENS_CONFIG); a config that cannot be read, or that

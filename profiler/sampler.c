@@ -14,8 +14,6 @@
  * one lock, only for sampled objects.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <link.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
@@ -60,9 +58,8 @@ static struct {
     uintptr_t self_lo, self_hi;  /* our own code, kept out of the stacks */
     double live_bytes, residency_peak;
     bool residency_pending;
-    int pagemap;
     uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
-} s = { .pagemap = -1 };
+} s;
 
 /* One more (or one fewer) live sample on p's bucket; the free path's bit follows. A saturated
  * count stays, and so does its bit: that only costs a shadow lookup. */
@@ -120,24 +117,6 @@ void _al_sampler_thread_init(struct al_thread *t)
 
 /* ---- set-up ---------------------------------------------------------------------------------- */
 
-static int find_self(struct dl_phdr_info *info, size_t size, void *data)
-{
-    (void)size;
-    uintptr_t here = (uintptr_t)data;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        if (ph->p_type != PT_LOAD)
-            continue;
-        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
-        if (here >= lo && here < hi) {
-            s.self_lo = lo;
-            s.self_hi = hi;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 void _al_sampler_init(const struct al_settings *set)
 {
     _al_sampler.rate = (double)set->sample_rate;
@@ -158,7 +137,11 @@ void _al_sampler_init(const struct al_settings *set)
         _al_sampler.rate = 0;
         return;
     }
-    dl_iterate_phdr(find_self, (void *)(uintptr_t)_al_sampler_init);
+    struct al_object self;
+    if (_al_object_of((const void *)_al_sampler_init, &self)) {
+        s.self_lo = self.seg_lo;
+        s.self_hi = self.seg_hi;
+    }
     _al_sampler.enabled = true;
 }
 
@@ -184,11 +167,6 @@ void _al_sampler_atfork_child(void)
         s.nsamples = 0;
         s.live_bytes = s.residency_peak = 0;
         s.residency_pending = false;
-    }
-    /* Opened in the parent, it reads the parent's pages: the child opens its own. */
-    if (s.pagemap >= 0) {
-        close(s.pagemap);
-        s.pagemap = -1;
     }
     unlock();
 }
@@ -342,20 +320,16 @@ static void forget(struct sample *e, uint64_t now)
 
 /* ---- peak snapshots ------------------------------------------------------------------------ */
 
-/* Bytes of [a, a+n) that are resident, swapped or never touched, from /proc/self/pagemap. */
-static void residency(uintptr_t a, uint64_t n, double out[3])
+/* Bytes of [a, a+n) that are resident, swapped or never touched, from the pagemap. */
+static void residency(int pagemap, uintptr_t a, uint64_t n, double out[3])
 {
-    if (s.pagemap < 0)
-        return;
     uint64_t page = 4096, first = a / page, last = (a + n - 1) / page;
     uint64_t entries[512];
     for (uint64_t p = first; p <= last;) {
-        uint64_t k = last - p + 1 < 512 ? last - p + 1 : 512;
-        ssize_t got = pread(s.pagemap, entries, k * 8, (off_t)(p * 8));
-        if (got <= 0)
+        size_t k = _al_proc_pagemap_read(pagemap, p, last - p + 1 < 512 ? last - p + 1 : 512, entries);
+        if (!k)
             return;
-        k = (uint64_t)got / 8;
-        for (uint64_t j = 0; j < k; j++, p++) {
+        for (size_t j = 0; j < k; j++, p++) {
             uint64_t lo = p * page > a ? p * page : a;
             uint64_t hi = (p + 1) * page < a + n ? (p + 1) * page : a + n;
             unsigned kind = (entries[j] >> 63) & 1 ? 0 : (entries[j] >> 62) & 1 ? 1 : 2;
@@ -368,8 +342,7 @@ static void residency(uintptr_t a, uint64_t n, double out[3])
 static void measure_residency(void)
 {
     s.residency_pending = false;
-    if (s.pagemap < 0)
-        s.pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    int pagemap = _al_proc_pagemap_open();
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
         memset(_al_sampler.sites[i].at_peak, 0, sizeof _al_sampler.sites[i].at_peak);
     for (uint64_t i = 0; i < s.nsamples; i++) {
@@ -377,12 +350,13 @@ static void measure_residency(void)
         if (e->site >= AL_SITES_MAX)
             continue;
         double r[3] = { 0, 0, 0 };
-        residency(e->addr, e->size ? e->size : 1, r);
+        residency(pagemap, e->addr, e->size ? e->size : 1, r);
         /* Scaled like the bytes: the sample stands for bytes/size times its own. */
         double scale = e->size ? e->bytes / (double)e->size : 0;
         for (int k = 0; k < 3; k++)
             _al_sampler.sites[e->site].at_peak[k] += r[k] * scale;
     }
+    _al_proc_pagemap_close(pagemap);
 }
 
 /* Lock held: the estimated live bytes just passed their previous peak by a MiB. The per-site

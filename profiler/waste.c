@@ -16,7 +16,6 @@
  * the report (the state at exit replaces it only if it passed the largest footprint there may
  * have been at a look by more than the rule can miss).
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -259,19 +258,6 @@ static uint64_t rss_now(void)
     return _al_proc_num(&c, 10) * 4096;
 }
 
-/* For _al_proc_written_pages: opened for each snapshot, as a descriptor kept open would go on
- * reading the parent's pages in a forked child. */
-static int open_pagemap(void)
-{
-    return open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-}
-
-static void close_pagemap(int fd)
-{
-    if (fd >= 0)
-        close(fd);
-}
-
 /* Row I of snapshot S set to SRC, written only where it changed (see snap.sums). */
 static void store_row(struct al_waste_snapshot *s, uint32_t i, const int64_t *src)
 {
@@ -387,9 +373,9 @@ static void check_footprint(void)
                         ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
     __atomic_store_n(&snap.next_rss, rss + (lack > AL_SNAP_STEP / 16 ? lack : AL_SNAP_STEP / 16), __ATOMIC_RELAXED);
     if (!_al_waste.peak.taken || total >= _al_waste.peak.total + AL_SNAP_STEP) {
-        int pagemap = open_pagemap();
+        int pagemap = _al_proc_pagemap_open();
         take(&_al_waste.peak, total, pagemap); /* every snapshot the rule takes is the new peak */
-        close_pagemap(pagemap);
+        _al_proc_pagemap_close(pagemap);
         snap.taken++;
     }
     _al_spin_unlock(&snap.lock);
@@ -411,7 +397,7 @@ void _al_waste_final(void)
         return;
     _al_spin_lock(&snap.lock);
     struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
-    int pagemap = open_pagemap();
+    int pagemap = _al_proc_pagemap_open();
     take(&s, _al_heap_resident(), pagemap);
     _al_waste.final = s;
     /* The state at exit is the peak only if it passed the largest footprint there may have been
@@ -437,7 +423,7 @@ void _al_waste_final(void)
         peak->cls = keep;
         memcpy(peak->pages, pages, sizeof pages);
     }
-    close_pagemap(pagemap);
+    _al_proc_pagemap_close(pagemap);
     _al_waste.snapshots = snap.taken;
     _al_spin_unlock(&snap.lock);
 }
