@@ -122,7 +122,7 @@ static void resolve_events_ahead(void)
 
 static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
 {
-    const char *unreachable = _al_preload_unreachable(cmd[0]);
+    const char *unreachable = _al_preload_unreachable(cmd[0], true);
     if (unreachable)
         fprintf(stderr, "alloclens: %s %s, so it runs unprofiled and writes no report\n", cmd[0],
                 unreachable);

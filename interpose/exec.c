@@ -43,7 +43,7 @@ AL_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(path);
+    _al_process_before_exec(path, false);
     return failed(next.execve(path, argv, envp));
 }
 
@@ -53,7 +53,7 @@ AL_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(file);
+    _al_process_before_exec(file, true);
     return failed(next.execvpe(file, argv, envp));
 }
 
@@ -63,7 +63,7 @@ AL_EXPORT int execv(const char *path, char *const argv[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(path);
+    _al_process_before_exec(path, false);
     return failed(next.execv(path, argv));
 }
 
@@ -73,7 +73,7 @@ AL_EXPORT int execvp(const char *file, char *const argv[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(file);
+    _al_process_before_exec(file, true);
     return failed(next.execvp(file, argv));
 }
 
@@ -83,7 +83,7 @@ AL_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(NULL);
+    _al_process_before_exec(NULL, false);
     return failed(next.fexecve(fd, argv, envp));
 }
 

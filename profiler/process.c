@@ -176,9 +176,9 @@ static bool own_process(void)
     return getpid() == image_pid;
 }
 
-void _al_process_before_exec(const char *file)
+void _al_process_before_exec(const char *file, bool search)
 {
-    const char *unreachable = started && _al_report_planned() ? _al_preload_unreachable(file) : NULL;
+    const char *unreachable = started && _al_report_planned() ? _al_preload_unreachable(file, search) : NULL;
     if (unreachable)
         _al_log("%s %s, so it runs unprofiled and writes no report", file, unreachable);
     if (own_process())

@@ -331,9 +331,9 @@ void _al_settings_load(struct al_settings *s);
  * NULL. */
 const char *_al_env(const char *name);
 
-/* reach.c: why LD_PRELOAD cannot reach the program CMD (a path, or a name execvp would look up
- * in PATH), as "is ...", or NULL when it can (or CMD is not found). */
-const char *_al_preload_unreachable(const char *cmd);
+/* reach.c: why LD_PRELOAD cannot reach the program CMD (a path, or with SEARCH a name looked
+ * up in PATH as execvp does), as "is ...", or NULL when it can (or CMD is not found). */
+const char *_al_preload_unreachable(const char *cmd, bool search);
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 
@@ -921,10 +921,10 @@ extern al_usable_size_fn *_al_usable_size;
 
 void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */
-/* About to exec FILE (a path, or a name looked up in PATH; NULL: an fd): the report of this
- * image first, and a line when the new image will write none because LD_PRELOAD cannot reach
- * it. */
-void _al_process_before_exec(const char *file);
+/* About to exec FILE (a path, or with SEARCH a name looked up in PATH; NULL: an fd): the
+ * report of this image first, and a line when the new image will write none because
+ * LD_PRELOAD cannot reach it. */
+void _al_process_before_exec(const char *file, bool search);
 void _al_process_exec_failed(void);
 /* _exit or _Exit called by the program, or quick_exit's handlers done: exit() and so our
  * handler will not run. Writes the report unless this is a vfork child or the thread is inside

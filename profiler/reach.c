@@ -45,11 +45,11 @@ static bool changes_identity(const char *path)
            ((st.st_mode & S_ISGID) && (st.st_mode & S_IXGRP) && st.st_gid != getegid());
 }
 
-/* CMD as execvp finds it: itself when it names a path, else the first executable file of that
- * name in PATH; false when there is none. */
-static bool find_command(const char *cmd, char *out, size_t cap)
+/* CMD as exec finds it: itself when it names a path or SEARCH is false (execve, execv), else
+ * the first executable file of that name in PATH (execvp); false when there is none. */
+static bool find_command(const char *cmd, bool search, char *out, size_t cap)
 {
-    if (strchr(cmd, '/'))
+    if (!search || strchr(cmd, '/'))
         return (size_t)snprintf(out, cap, "%s", cmd) < cap;
     const char *path = _al_env("PATH");
     for (const char *p = path ? path : "/usr/local/bin:/usr/bin:/bin"; *p;) {
@@ -62,10 +62,10 @@ static bool find_command(const char *cmd, char *out, size_t cap)
     return false;
 }
 
-const char *_al_preload_unreachable(const char *cmd)
+const char *_al_preload_unreachable(const char *cmd, bool search)
 {
     char found[PATH_MAX];
-    if (!cmd || !find_command(cmd, found, sizeof found))
+    if (!cmd || !find_command(cmd, search, found, sizeof found))
         return NULL;
     if (statically_linked(found))
         return "is statically linked: nothing can be put in front of its allocator";
