@@ -1,11 +1,15 @@
 /* Signals: the report of a process that a signal ends, and syscall user dispatch's SIGSYS.
  *
- * A signal whose default action ends the process and which asks a program to stop (Ctrl-C, a
- * broken pipe, kill) would end it with no report. While the program leaves such a signal at
- * its default, our handler stands in for the default: it writes the report, puts the default
- * back and raises the signal again, so the process ends by it as it would have. The program is
- * told the disposition is the default, and whatever it sets replaces ours (its own default
- * brings ours back).
+ * A signal whose default action ends the process (Ctrl-C, a broken pipe, kill, a resource
+ * limit, abort(), a bad memory access) would end it with no report. While the program leaves
+ * such a signal at its default, our handler stands in for the default: it writes the report,
+ * puts the default back and raises the signal again, so the process ends by it as it would
+ * have (a crash's core dump then shows the raise, with the faulting frame below our handler's,
+ * as glibc's old libSegFault left it). The program is told the disposition is the default,
+ * and whatever it sets replaces ours (its own default brings ours back). The handler runs on
+ * the thread's alternate signal stack where it has one, so that a stack overflow gets its
+ * report; without one no handler can run on the overflowed stack, and the kernel ends the
+ * process as it would have.
  *
  * While alloclens counts the allocator's system calls with syscall user dispatch:
  * The kernel turns a dispatched system call into SIGSYS, and if SIGSYS is blocked at that
@@ -78,7 +82,7 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
 
 static struct sigaction end_action(void)
 {
-    struct sigaction a = { .sa_sigaction = end_by_signal, .sa_flags = SA_SIGINFO | SA_RESTART };
+    struct sigaction a = { .sa_sigaction = end_by_signal, .sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK };
     /* Nothing of the program's runs while the report is written; SIGSYS must stay open. */
     sigfillset(&a.sa_mask);
     sigdelset(&a.sa_mask, SIGSYS);

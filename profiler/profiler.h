@@ -1021,9 +1021,10 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 bool _al_report_planned(void);
 /* Waits, up to MS milliseconds, for a report another thread has begun to be written. */
 void _al_report_wait_written(unsigned ms);
-/* The signals that end a process by default and ask it to stop: blocked while the report is
- * written; where the program leaves them at their default, they write it (signals.c). */
-#define AL_ENDING_SIGNALS 8
+/* The signals that end a process by default, asking it to stop, telling it it is over a limit
+ * or that it crashed (SIGTRAP left out: debuggers): blocked while the report is written;
+ * where the program leaves them at their default, they write it (signals.c). */
+#define AL_ENDING_SIGNALS 15
 extern const int _al_ending_signals[AL_ENDING_SIGNALS];
 void _al_report_forget_exec(void);
 void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */

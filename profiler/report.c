@@ -20,8 +20,11 @@
 
 static _Atomic int written, finished;
 
-const int _al_ending_signals[AL_ENDING_SIGNALS] = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM,
-                                                    SIGUSR1, SIGUSR2 };
+const int _al_ending_signals[AL_ENDING_SIGNALS] = {
+    SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2, /* asked to stop */
+    SIGXCPU, SIGXFSZ,                                                     /* over a limit */
+    SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL,                             /* crashed */
+};
 /* What stderr was when the image started: a program may close it and reuse fd 2 for a file
  * of its own, which must not receive our report. */
 static struct stat stderr_at_start;

@@ -39,12 +39,11 @@ tap = altest.Tap()
 # edits between commands, done the same way in both modes and never profiled).
 
 class Cmd:
-    def __init__(self, name, argv, stdin=None, status=0, report=True, children=False):
+    def __init__(self, name, argv, stdin=None, status=0, children=False):
         self.name = name            # short label for TAP lines and report file names
         self.argv = argv
         self.stdin = stdin          # bytes or None
         self.status = status        # exit status the plain run must have (negative: signal)
-        self.report = report        # whether the process can write a report (not when killed)
         self.children = children    # whether it forks/execs children that must get reports
 
 
@@ -124,6 +123,7 @@ print("stderr line from the script", file=sys.stderr)
 PY_FAIL = "import sys\nprint('partial output')\nsys.stderr.write('failing on purpose\\n')\nsys.exit(3)\n"
 PY_RAISE = "d = {i: str(i) for i in range(1000)}\nprint(len(d))\nraise ValueError('boom ' + d[7])\n"
 PY_KILL = "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)\n"
+PY_ABORT = "import os\nl = [str(i) * 3 for i in range(1000)]\nprint(len(l), flush=True)\nos.abort()\n"
 
 
 def python_path():
@@ -147,7 +147,8 @@ def python_workload():
         Cmd("exit3", [py, "-c", PY_FAIL], status=3),
         Cmd("raise", [py, "-c", PY_RAISE], status=1),
         Cmd("stdin", [py, "-"], stdin=b"import json\nprint(json.dumps({'a': [1, 2, {'b': None}]}))\n"),
-        Cmd("sigterm", [py, "-c", PY_KILL], status=-signal.SIGTERM, report=False),
+        Cmd("sigterm", [py, "-c", PY_KILL], status=-signal.SIGTERM),
+        Cmd("abort", [py, "-c", PY_ABORT], status=-signal.SIGABRT),
     ]
     return Workload("python3", [py or "python3"], setup, steps,
                     env={"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"})
@@ -485,6 +486,9 @@ def report_problems(report, alloc, mode, argv=None, status=None):
         problems.append(f"program.argv is {prog.get('argv')!r:.300}, ran {list(argv)!r:.300}")
     if status is not None and status >= 0 and "exit_status" in prog and prog["exit_status"] != status:
         problems.append(f"program.exit_status is {prog['exit_status']!r}, process exited {status}")
+    if status is not None and status < 0 and (prog.get("exit_status"), prog.get("signal")) != (None, -status):
+        problems.append(f"program.exit_status is {prog.get('exit_status')!r} and program.signal "
+                        f"{prog.get('signal')!r}, the process was killed by signal {-status}")
     allocs, frees = op_total(report, ALLOC_OPS), op_total(report, FREE_OPS)
     if allocs <= 0:
         problems.append(f"no allocation calls counted (ops: {summarize_ops(report)})")
@@ -524,15 +528,14 @@ def check_workload(wl, alloc, mode, plain, prof, wd_plain_listing, wd_prof_listi
         tap.ok(not detail, f"{label}: exit status, stdout and stderr identical to the plain run",
                f"command: {shown}\n{detail}")
         # 2. the report
-        if step.report:
-            if b.report is None:
-                tap.ok(False, f"{label}: report written",
-                       f"{b.report_error or 'no report'}; stderr tail:\n"
-                       f"{b.stderr[-2000:].decode('utf-8', 'replace')}")
-            else:
-                probs = report_problems(b.report, alloc, mode, step.argv, b.status)
-                tap.ok(not probs, f"{label}: report names {alloc}, mode {mode}, and counts malloc-family calls",
-                       "\n".join(probs))
+        if b.report is None:
+            tap.ok(False, f"{label}: report written",
+                   f"{b.report_error or 'no report'}; stderr tail:\n"
+                   f"{b.stderr[-2000:].decode('utf-8', 'replace')}")
+        else:
+            probs = report_problems(b.report, alloc, mode, step.argv, b.status)
+            tap.ok(not probs, f"{label}: report names {alloc}, mode {mode}, and counts malloc-family calls",
+                   "\n".join(probs))
         # 3. reports of forked/exec'd children
         if step.children:
             bad = []

@@ -14,12 +14,17 @@
  *                 printing what signal() returned each time; ignores SIGHUP and raises it;
  *                 then raises SIGINT: dies by SIGINT
  *   abort         allocates, then abort(): dies by SIGABRT
+ *   segv          allocates, then writes through a bad pointer: dies by SIGSEGV
+ *   fpe-threads   4 threads allocate without pause; main divides by zero: dies by SIGFPE
+ *   segv-caught   its own SIGSEGV handler leaves a bad access with siglongjmp, 100 times,
+ *                 allocating in between; puts the default back and exits 0
  *   exit-handler  a SIGUSR1 handler calls _exit(5) while the main loop allocates
  *   mask          SIGUSR1 blocked around allocation, then delivered by sigsuspend; exits 0
  *   sigchld       a SIGCHLD handler that writes a line for each signal; allocates enough for
  *                 sampled sites (whose names the report finds at exit), starts no child and
  *                 returns 0: no line may appear */
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -50,6 +55,19 @@ static void on_chld(int sig)
     ssize_t w = write(1, line, sizeof line - 1);
     (void)w;
 }
+
+static sigjmp_buf recover;
+static volatile sig_atomic_t segvs;
+
+static void on_segv(int sig)
+{
+    (void)sig;
+    segvs++;
+    siglongjmp(recover, 1);
+}
+
+/* A bad address, hidden from the compiler. */
+static int *volatile nowhere = (int *)16;
 
 static void on_usr1_exit(int sig)
 {
@@ -175,7 +193,8 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!strcmp(mode, "dispositions")) {
-        static const int sigs[] = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2 };
+        static const int sigs[] = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2,
+                                    SIGXCPU, SIGXFSZ, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP };
         for (unsigned k = 0; k < sizeof sigs / sizeof *sigs; k++)
             printf("dispositions: SIG%s %s\n", sigabbrev_np(sigs[k]), disposition(sigs[k]));
         sighandler_t was = signal(SIGINT, on_usr1);
@@ -199,6 +218,37 @@ int main(int argc, char **argv)
         printf("abort: calling abort()\n");
         fflush(stdout);
         abort();
+    }
+    if (!strcmp(mode, "segv")) {
+        for (int i = 0; i < 2000; i++)
+            churn_once(i);
+        printf("segv: writing through a bad pointer\n");
+        fflush(stdout);
+        *nowhere = 1;
+        printf("segv: still alive?\n");
+        return 1;
+    }
+    if (!strcmp(mode, "fpe-threads")) {
+        pthread_t t[4];
+        for (long k = 0; k < 4; k++)
+            pthread_create(&t[k], NULL, spinner, (void *)(k * 1000));
+        usleep(20000);
+        printf("fpe-threads: dividing by zero while 4 threads allocate\n");
+        fflush(stdout);
+        volatile int zero = 0;
+        printf("fpe-threads: still alive? %d\n", 1000 / zero);
+        return 1;
+    }
+    if (!strcmp(mode, "segv-caught")) {
+        install(SIGSEGV, on_segv);
+        for (int i = 0; i < 100; i++) {
+            churn_once(i);
+            if (sigsetjmp(recover, 1) == 0)
+                *nowhere = i;
+        }
+        signal(SIGSEGV, SIG_DFL);
+        printf("segv-caught: %d bad accesses caught; SIGSEGV now %s\n", (int)segvs, disposition(SIGSEGV));
+        return segvs == 100 ? 0 : 1;
     }
     if (!strcmp(mode, "exit-handler")) {
         install(SIGUSR1, on_usr1_exit);
