@@ -1,9 +1,11 @@
 /* The exec family: an image about to be replaced writes its report first (the new image,
  * preloaded again through the environment, writes its own at exit; where LD_PRELOAD cannot
  * reach it, a line says it will not). If the exec fails, the early report is withdrawn and
- * this image goes on as before. errno is kept as exec left it. */
+ * this image goes on as before. errno is kept as exec left it. posix_spawn execs in a child
+ * inside the C library, so only its line is ours to give. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <unistd.h>
 
@@ -12,12 +14,15 @@
 typedef int (*execve_fn)(const char *, char *const[], char *const[]);
 typedef int (*execv_fn)(const char *, char *const[]);
 typedef int (*fexecve_fn)(int, char *const[], char *const[]);
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+                        char *const[], char *const[]);
 
 /* Resolved at start-up: a vfork child calling exec must not need the dynamic loader. */
 static struct {
     execve_fn execve, execvpe;
     execv_fn execv, execvp;
     fexecve_fn fexecve;
+    spawn_fn posix_spawn, posix_spawnp;
 } next;
 
 void _al_exec_resolve(void)
@@ -27,6 +32,8 @@ void _al_exec_resolve(void)
     next.execv = (execv_fn)dlsym(RTLD_NEXT, "execv");
     next.execvp = (execv_fn)dlsym(RTLD_NEXT, "execvp");
     next.fexecve = (fexecve_fn)dlsym(RTLD_NEXT, "fexecve");
+    next.posix_spawn = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
+    next.posix_spawnp = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawnp");
 }
 
 static int failed(int rc)
@@ -85,6 +92,24 @@ AL_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
     }
     _al_process_before_exec(NULL, false);
     return failed(next.fexecve(fd, argv, envp));
+}
+
+AL_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *actions,
+                          const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    if (AL_UNLIKELY(!next.posix_spawn))
+        return ENOSYS;
+    _al_process_before_spawn(path, false);
+    return next.posix_spawn(pid, path, actions, attr, argv, envp);
+}
+
+AL_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *actions,
+                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    if (AL_UNLIKELY(!next.posix_spawnp))
+        return ENOSYS;
+    _al_process_before_spawn(file, true);
+    return next.posix_spawnp(pid, file, actions, attr, argv, envp);
 }
 
 /* The list forms: gather the arguments into an array on the stack (no allocation) and take

@@ -176,11 +176,16 @@ static bool own_process(void)
     return getpid() == image_pid;
 }
 
-void _al_process_before_exec(const char *file, bool search)
+void _al_process_before_spawn(const char *file, bool search)
 {
     const char *unreachable = started && _al_report_planned() ? _al_preload_unreachable(file, search) : NULL;
     if (unreachable)
         _al_log("%s %s, so it runs unprofiled and writes no report", file, unreachable);
+}
+
+void _al_process_before_exec(const char *file, bool search)
+{
+    _al_process_before_spawn(file, search);
     if (own_process())
         _al_report_write(AL_REPORT_EXEC, false, 0);
 }

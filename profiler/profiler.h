@@ -925,6 +925,8 @@ void _al_process_start(void); /* from our constructor, once libc is set up */
  * report of this image first, and a line when the new image will write none because
  * LD_PRELOAD cannot reach it. */
 void _al_process_before_exec(const char *file, bool search);
+/* posix_spawn is about to exec FILE in a new process: a line if LD_PRELOAD cannot reach it. */
+void _al_process_before_spawn(const char *file, bool search);
 void _al_process_exec_failed(void);
 /* _exit or _Exit called by the program, or quick_exit's handlers done: exit() and so our
  * handler will not run. Writes the report unless this is a vfork child or the thread is inside

@@ -386,6 +386,17 @@ def test_static_program(tap):
            "a statically linked program exec'd: output and exit status unchanged", show(p))
     one_line(tap, "a statically linked program exec'd", p, "statically linked", "no report",
              os.path.basename(STATIC))
+    # Started by posix_spawn and posix_spawnp, which exec inside the C library: a line each.
+    plain = run([EXEC, "spawn", STATIC])
+    p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", EXEC, "spawn", STATIC])
+    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+           and p.returncode == plain.returncode == 0,
+           "a statically linked program posix_spawn'd: output and exit status unchanged", show(p))
+    lines = [] if p is None else [l for l in p.stderr.splitlines() if "statically linked" in l]
+    tap.ok(len(lines) == 2 and lines[0].split()[1] == STATIC and lines[1].split()[1] == os.path.basename(STATIC)
+           and all("no report" in l for l in lines),
+           "a statically linked program posix_spawn'd, then posix_spawnp'd: a line each, naming it",
+           show(p))
 
 
 def test_setuid_program(tap):

@@ -22,7 +22,7 @@ with open(entries) as f:
         if m:
             expected.add(m.group(1))
 expected |= {"malloc_usable_size", "pthread_create", "execve", "execvpe", "execv", "execvp",
-             "fexecve", "execl", "execlp", "execle", "_exit", "_Exit", "quick_exit", "pthread_mutex_lock", "pthread_mutex_trylock",
+             "fexecve", "execl", "execlp", "execle", "posix_spawn", "posix_spawnp", "_exit", "_Exit", "quick_exit", "pthread_mutex_lock", "pthread_mutex_trylock",
              "pthread_mutex_unlock", "pthread_spin_lock", "pthread_spin_trylock", "pthread_spin_unlock",
              "sigaction", "signal", "sigprocmask", "pthread_sigmask"}
 

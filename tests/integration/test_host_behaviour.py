@@ -180,6 +180,7 @@ CASES = [
     case("fork+execle own env", "host_exec", ["execle", "@leaf"]),
     case("fork+execv host_leaf", "host_exec", ["leaf", "@leaf"], child_statuses=[5]),
     case("fork+fexecve host_leaf", "host_exec", ["fexecve", "@leaf"], child_statuses=[8]),
+    case("posix_spawn, posix_spawnp host_leaf", "host_exec", ["spawn", "@leaf"], child_statuses=[9, 10]),
     case("execv in place", "host_exec", ["inplace", "@leaf"], check=check_inplace),
     case("failed execs then carry on", "host_exec", ["enoent", "@leaf"]),
     case("SIGALRM+SIGUSR1 handlers", "host_signals", ["handlers"]),

@@ -8,11 +8,14 @@
  *   leaf      fork; child execv(LEAF) which allocates and exits 5
  *   inplace   allocate, then execv(LEAF) in place (no fork): LEAF's status (6) is ours
  *   fexecve   fork; child fexecve(open(LEAF)) exits 8
+ *   spawn     posix_spawn(LEAF), which exits 9, then posix_spawnp of LEAF's name with LEAF's
+ *             directory first in PATH, which exits 10
  *   enoent    execl of a missing path, execvp of a missing command, execv of a directory:
  *             each fails with its errno (ENOENT, ENOENT, EACCES), then the program carries on,
  *             allocates, and exits 0 */
 #include <errno.h>
 #include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +129,20 @@ int main(int argc, char **argv)
         execv(leaf, args);
         perror("execv");
         return 1;
+    }
+    if (!strcmp(mode, "spawn")) {
+        pid_t pid;
+        char *args[] = { (char *)leaf, "9", "500", "posix_spawn'd leaf", NULL };
+        int rc = posix_spawn(&pid, leaf, NULL, NULL, args, environ);
+        if (rc != 0 || wait_child(pid, "posix_spawn leaf") != 9)
+            return 1;
+        char dir[4096], *slash = strrchr(leaf, '/');
+        if (!slash || snprintf(dir, sizeof dir, "%.*s:%s", (int)(slash - leaf), leaf, getenv("PATH")) >= (int)sizeof dir)
+            return 1;
+        setenv("PATH", dir, 1);
+        char *pargs[] = { slash + 1, "10", "500", "posix_spawnp'd leaf", NULL };
+        rc = posix_spawnp(&pid, slash + 1, NULL, NULL, pargs, environ);
+        return rc == 0 && wait_child(pid, "posix_spawnp leaf") == 10 ? 0 : 1;
     }
     if (!strcmp(mode, "fexecve")) {
         pid_t pid = fork();
