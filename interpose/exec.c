@@ -11,6 +11,8 @@
 
 #include "interpose.h"
 
+extern char **environ;
+
 typedef int (*execve_fn)(const char *, char *const[], char *const[]);
 typedef int (*execv_fn)(const char *, char *const[]);
 typedef int (*fexecve_fn)(int, char *const[], char *const[]);
@@ -50,7 +52,7 @@ AL_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(path, false);
+    _al_process_before_exec(path, false, envp);
     return failed(next.execve(path, argv, envp));
 }
 
@@ -60,7 +62,7 @@ AL_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(file, true);
+    _al_process_before_exec(file, true, envp);
     return failed(next.execvpe(file, argv, envp));
 }
 
@@ -70,7 +72,7 @@ AL_EXPORT int execv(const char *path, char *const argv[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(path, false);
+    _al_process_before_exec(path, false, environ);
     return failed(next.execv(path, argv));
 }
 
@@ -80,7 +82,7 @@ AL_EXPORT int execvp(const char *file, char *const argv[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(file, true);
+    _al_process_before_exec(file, true, environ);
     return failed(next.execvp(file, argv));
 }
 
@@ -90,7 +92,7 @@ AL_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
         errno = ENOSYS;
         return -1;
     }
-    _al_process_before_exec(NULL, false);
+    _al_process_before_exec(NULL, false, envp);
     return failed(next.fexecve(fd, argv, envp));
 }
 
@@ -99,7 +101,7 @@ AL_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_a
 {
     if (AL_UNLIKELY(!next.posix_spawn))
         return ENOSYS;
-    _al_process_before_spawn(path, false);
+    _al_process_before_spawn(path, false, envp);
     return next.posix_spawn(pid, path, actions, attr, argv, envp);
 }
 
@@ -108,7 +110,7 @@ AL_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_
 {
     if (AL_UNLIKELY(!next.posix_spawnp))
         return ENOSYS;
-    _al_process_before_spawn(file, true);
+    _al_process_before_spawn(file, true, envp);
     return next.posix_spawnp(pid, file, actions, attr, argv, envp);
 }
 

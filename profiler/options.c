@@ -186,4 +186,6 @@ void _al_settings_load(struct al_settings *s)
                 _al_options[AL_OPT_MODE].env, mode);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
     s->event_attrs = str_setting(AL_OPT_EVENT_ATTRS, s->event_attrs_buf, sizeof s->event_attrs_buf);
+    const char *preload = _al_env("LD_PRELOAD");
+    s->under_valgrind = preload && strstr(preload, "/vgpreload_core-");
 }

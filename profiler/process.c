@@ -176,16 +176,28 @@ static bool own_process(void)
     return getpid() == image_pid;
 }
 
-void _al_process_before_spawn(const char *file, bool search)
+/* Valgrind's launcher execs its tool, a static program, naming itself in this variable: the
+ * tool then loads the program itself, LD_PRELOAD and all. */
+static bool valgrind_tool(char *const envp[])
 {
-    const char *unreachable = started && _al_report_planned() ? _al_preload_unreachable(file, search) : NULL;
+    for (char *const *e = envp; e && *e; e++)
+        if (strncmp(*e, "VALGRIND_LAUNCHER=", 18) == 0)
+            return true;
+    return false;
+}
+
+void _al_process_before_spawn(const char *file, bool search, char *const envp[])
+{
+    if (!started || !_al_report_planned() || valgrind_tool(envp))
+        return;
+    const char *unreachable = _al_preload_unreachable(file, search);
     if (unreachable)
         _al_log("%s %s, so it runs unprofiled and writes no report", file, unreachable);
 }
 
-void _al_process_before_exec(const char *file, bool search)
+void _al_process_before_exec(const char *file, bool search, char *const envp[])
 {
-    _al_process_before_spawn(file, search);
+    _al_process_before_spawn(file, search, envp);
     if (own_process())
         _al_report_write(AL_REPORT_EXEC, false, 0);
 }

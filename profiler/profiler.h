@@ -320,6 +320,7 @@ struct al_settings {
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
     const char *event_attrs; /* the events' encodings, resolved by 'alloclens run', or NULL */
+    bool under_valgrind;    /* its preload is in LD_PRELOAD: the program runs on its synthetic CPU */
     char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096], pprof_buf[4096], events_buf[1024];
     char event_attrs_buf[4096];
 };
@@ -921,12 +922,12 @@ extern al_usable_size_fn *_al_usable_size;
 
 void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */
-/* About to exec FILE (a path, or with SEARCH a name looked up in PATH; NULL: an fd): the
- * report of this image first, and a line when the new image will write none because
- * LD_PRELOAD cannot reach it. */
-void _al_process_before_exec(const char *file, bool search);
+/* About to exec FILE (a path, or with SEARCH a name looked up in PATH; NULL: an fd) with the
+ * environment ENVP: the report of this image first, and a line when the new image will write
+ * none because LD_PRELOAD cannot reach it. */
+void _al_process_before_exec(const char *file, bool search, char *const envp[]);
 /* posix_spawn is about to exec FILE in a new process: a line if LD_PRELOAD cannot reach it. */
-void _al_process_before_spawn(const char *file, bool search);
+void _al_process_before_spawn(const char *file, bool search, char *const envp[]);
 void _al_process_exec_failed(void);
 /* _exit or _Exit called by the program, or quick_exit's handlers done: exit() and so our
  * handler will not run. Writes the report unless this is a vfork child or the thread is inside

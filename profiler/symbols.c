@@ -110,10 +110,11 @@ static char **helper_env(size_t *bytes)
 }
 
 /* True when PID has ended within HELPER_TIMEOUT_MS (or cannot be watched: the wait then
- * blocks as a plain waitpid would). */
+ * blocks as a plain waitpid would). Valgrind lacks pidfd_open and would say so on the
+ * program's stderr. */
 static bool ended_in_time(pid_t pid)
 {
-    int pfd = pidfd_open(pid, 0);
+    int pfd = _al_settings.under_valgrind ? -1 : pidfd_open(pid, 0);
     if (pfd >= 0) {
         struct pollfd p = { .fd = pfd, .events = POLLIN };
         int r;

@@ -235,6 +235,13 @@ static int install_handler(void)
 
 void _al_syscalls_init(void)
 {
+    /* Valgrind makes the program's system calls from its own code, with every signal blocked:
+     * a call dispatched there would kill the process with SIGSYS. */
+    if (_al_settings.under_valgrind) {
+        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
+                 "not under valgrind, which makes the program's system calls itself");
+        return;
+    }
     if (install_handler() < 0) {
         snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason, "cannot install the SIGSYS handler (%s)",
                  strerror(errno));

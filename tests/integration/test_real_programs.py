@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Real programs, unchanged: python3, sqlite3, git, bash, a C++ container workload and redis-server,
-each run plain and then under `alloclens run -a NAME` for every allocator `alloclens allocators`
-finds, in each mode (full, time, sample: ALLOCLENS_MODE). Output and exit status must be
-byte-identical to the plain run, and every profiled process must leave a report naming the
-allocator that served it, with nonzero malloc-family counts.
+"""Real programs, unchanged: python3, sqlite3, git, bash, a C++ container workload (also run by
+valgrind) and redis-server, each run plain and then under `alloclens run -a NAME` for every
+allocator `alloclens allocators` finds, in each mode (full, time, sample: ALLOCLENS_MODE).
+Output and exit status must be byte-identical to the plain run, and every profiled process must
+leave a report naming the allocator that served it, with nonzero malloc-family counts.
 
 Usage: test_real_programs.py CXX_CONTAINERS_BINARY   (ALLOCLENS_CLI in the environment)
 
@@ -39,9 +39,10 @@ tap = altest.Tap()
 # edits between commands, done the same way in both modes and never profiled).
 
 class Cmd:
-    def __init__(self, name, argv, stdin=None, status=0, children=False):
+    def __init__(self, name, argv, stdin=None, status=0, children=False, report_argv=None):
         self.name = name            # short label for TAP lines and report file names
         self.argv = argv
+        self.report_argv = report_argv or argv  # the command line the main report must name
         self.stdin = stdin          # bytes or None
         self.status = status        # exit status the plain run must have (negative: signal)
         self.children = children    # whether it forks/execs children that must get reports
@@ -345,6 +346,14 @@ def cxx_workload(binary):
     return Workload("cxx_containers", [binary], lambda wd: None, steps)
 
 
+def valgrind_workload(binary):
+    """The C++ program run by valgrind (its launcher, a script and a program, then its static
+    tool, which loads the program itself with LD_PRELOAD): the program's report is the main one,
+    the launchers write theirs beside it, and nothing is said about the static tool."""
+    steps = [Cmd("none", ["valgrind", "-q", "--tool=none", binary], children=True, report_argv=[binary])]
+    return Workload("valgrind", ["valgrind", binary], lambda wd: None, steps)
+
+
 # ---------------------------------------------------------------------------------------------
 # running and comparing
 
@@ -533,7 +542,7 @@ def check_workload(wl, alloc, mode, plain, prof, wd_plain_listing, wd_prof_listi
                    f"{b.report_error or 'no report'}; stderr tail:\n"
                    f"{b.stderr[-2000:].decode('utf-8', 'replace')}")
         else:
-            probs = report_problems(b.report, alloc, mode, step.argv, b.status)
+            probs = report_problems(b.report, alloc, mode, step.report_argv, b.status)
             tap.ok(not probs, f"{label}: report names {alloc}, mode {mode}, and counts malloc-family calls",
                    "\n".join(probs))
         # 3. reports of forked/exec'd children
@@ -712,7 +721,7 @@ def main():
     tap.diag(f"work directory {top}")
 
     workloads = [python_workload(), sqlite_workload(), git_workload(), bash_workload(),
-                 cxx_workload(cxx_bin)]
+                 cxx_workload(cxx_bin), valgrind_workload(cxx_bin)]
     for wl in workloads:
         missing = [p for p in wl.programs if not p or not installed(p)]
         if missing:
