@@ -233,13 +233,37 @@ static int install_handler(void)
     return r;
 }
 
+/* The process's tracer (gdb, strace, rr), 0 if none. */
+static long tracer(void)
+{
+    char status[4096];
+    ssize_t n = _al_proc_read("/proc/self/status", status, sizeof status - 1);
+    if (n <= 0)
+        return 0;
+    status[n] = '\0';
+    const char *f = strstr(status, "\nTracerPid:");
+    if (!f)
+        return 0;
+    f += strlen("\nTracerPid:");
+    f += strspn(f, " \t");
+    return (long)_al_proc_num(&f, 10);
+}
+
 void _al_syscalls_init(void)
 {
     /* Valgrind makes the program's system calls from its own code, with every signal blocked:
      * a call dispatched there would kill the process with SIGSYS. */
     if (_al_settings.under_valgrind) {
         snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                 "not under valgrind, which makes the program's system calls itself");
+                 "not under valgrind, which makes the program's system calls from its own code");
+        return;
+    }
+    /* A debugger stops the program at every signal it gets, SIGSYS included (gdb by default). */
+    long by = tracer();
+    if (by) {
+        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
+                 "not while the process is traced (by pid %ld), whose tracer would stop at each SIGSYS "
+                 "that counting them takes", by);
         return;
     }
     if (install_handler() < 0) {

@@ -4,6 +4,7 @@ print their own truth; and a program's own SIGSYS / seccomp use unchanged by sys
 
 argv: sys_big sys_contend sys_faults sys_sigsys
 """
+import json
 import os
 import re
 import shutil
@@ -198,5 +199,29 @@ for name, path in allocs.items():
            f"sys_sigsys under {name}: stdout and exit status identical to the plain run",
            f"plain rc {a.returncode}:\n{a.stdout.decode()}\nalloclens rc {b.returncode}:\n"
            f"{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
+
+# 5. sys_big traced by strace -f: no system call dispatched (a tracer stops at each SIGSYS),
+# and the report says why the section is empty.
+if shutil.which("strace"):
+    trace = os.path.join(wd, "trace")
+    proc, _ = run("glibc", ["strace", "-f", "-o", trace, BIG], wd, name="traced")
+    side = [f for f in os.listdir(wd) if f.startswith("traced.") and f.endswith(".json")]
+    big = None
+    for f in side:
+        with open(os.path.join(wd, f)) as fh:
+            r = json.load(fh)
+        if r["program"]["argv"] == [BIG]:
+            big = r
+    info = (big or {}).get("syscalls_info", {})
+    tap.ok(proc.returncode == 0 and proc.stdout.decode().split() == [str(K)] and big is not None,
+           "sys_big traced by strace -f: ran, printed its count, wrote its own report",
+           f"side reports {side}\n{proc.stderr.decode()[-2000:]}")
+    tap.ok(info.get("available") is False and "traced" in info.get("reason", ""),
+           "sys_big traced: syscalls_info unavailable, because the process is traced", info)
+    with open(trace) as fh:
+        sigsys = [l for l in fh if "--- SIGSYS" in l]
+    tap.ok(not sigsys, "sys_big traced: strace saw no SIGSYS", "".join(sigsys[:5]))
+else:
+    tap.skip("sys_big traced by strace -f", "strace not installed")
 
 tap.done()
