@@ -113,10 +113,26 @@ static const sigset_t *without_sigsys(int how, const sigset_t *set, sigset_t *co
     return copy;
 }
 
+/* sigaction in a vfork child, which shares its parent's memory but not its dispositions (gdb's
+ * puts every signal back to its default before its exec): the change is the child's alone, so
+ * none of the tables above may record it. Its SIGSYS stays ours until the exec. */
+static int child_sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (sig == SIGSYS && _al_syscalls_owns_sigsys())
+        return _al_syscalls_program_sigaction(NULL, old);
+    int r = real_sigaction(sig, act, old);
+    if (r == 0 && old && sig > 0 && sig < _NSIG &&
+        (old->sa_sigaction == run_program_handler || old->sa_sigaction == end_by_signal))
+        *old = program[sig];
+    return r;
+}
+
 AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
     if (AL_UNLIKELY(!real_sigaction))
         _al_signals_resolve();
+    if (AL_UNLIKELY(_al_process_shared_child()))
+        return child_sigaction(sig, act, old);
     if (sig == SIGSYS && _al_syscalls_owns_sigsys())
         return _al_syscalls_program_sigaction(act, old);
     if (sig <= 0 || sig >= _NSIG || (!dispatching() && !ending[sig]))

@@ -176,6 +176,11 @@ static bool own_process(void)
     return getpid() == image_pid;
 }
 
+bool _al_process_shared_child(void)
+{
+    return image_pid && !own_process();
+}
+
 /* Valgrind's launcher execs its tool, a static program, naming itself in this variable: the
  * tool then loads the program itself, LD_PRELOAD and all. */
 static bool valgrind_tool(char *const envp[])

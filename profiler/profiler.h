@@ -929,6 +929,9 @@ void _al_process_before_exec(const char *file, bool search, char *const envp[]);
 /* posix_spawn is about to exec FILE in a new process: a line if LD_PRELOAD cannot reach it. */
 void _al_process_before_spawn(const char *file, bool search, char *const envp[]);
 void _al_process_exec_failed(void);
+/* A vfork child (or one made by clone without the fork handlers): its writes to our memory
+ * land in its parent's. */
+bool _al_process_shared_child(void);
 /* _exit or _Exit called by the program, or quick_exit's handlers done: exit() and so our
  * handler will not run. Writes the report unless this is a vfork child or the thread is inside
  * one of our calls, setting *OWN_MEMORY first (the thread's allocations then bypass the

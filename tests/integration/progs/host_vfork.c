@@ -1,8 +1,12 @@
 /* host_vfork: vfork + execve, the way shells and old spawn code do it; the child shares the
  * parent's memory until the exec, so it must not allocate (and alloclens must not either).
+ * Last, the way gdb starts a program: the parent handles SIGCHLD and SIGUSR1, and the vfork
+ * child puts every signal back to its default before its exec; the parent's handlers must
+ * still run after it.
  *
  * usage: host_vfork */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +41,38 @@ __attribute__((noinline)) static int vfork_exit(int code)
     return WEXITSTATUS(status);
 }
 
+static volatile sig_atomic_t chlds, usr1s;
+
+static void on_chld(int sig)
+{
+    (void)sig;
+    chlds++;
+}
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    usr1s++;
+}
+
+/* vfork; the child sets SIGCHLD and SIGUSR1 to their defaults, then execs /bin/true. */
+__attribute__((noinline)) static int run_with_defaults(void)
+{
+    pid_t pid = vfork();
+    if (pid == 0) {
+        struct sigaction dfl = { .sa_handler = SIG_DFL };
+        sigaction(SIGCHLD, &dfl, NULL);
+        signal(SIGUSR1, SIG_DFL);
+        char *t[] = { "true", NULL };
+        execve("/bin/true", t, environ);
+        _exit(126);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WEXITSTATUS(status);
+}
+
 int main(void)
 {
     int bad = 0;
@@ -57,5 +93,17 @@ int main(void)
     char *after = strdup("parent allocates after vfork");
     puts(after);
     free(after);
+
+    struct sigaction sa = { .sa_handler = on_chld, .sa_flags = SA_RESTART };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGCHLD, &sa, NULL);
+    signal(SIGUSR1, on_usr1);
+    int st = run_with_defaults();
+    raise(SIGUSR1);
+    printf("vfork child resets signals, then /bin/true: %d; parent's handlers ran: SIGCHLD %d, SIGUSR1 %d\n",
+           st, (int)chlds, (int)usr1s);
+    struct sigaction now;
+    sigaction(SIGCHLD, NULL, &now);
+    printf("parent's SIGCHLD handler is still its own: %s\n", now.sa_handler == on_chld ? "yes" : "no");
     return bad ? 1 : 0;
 }
