@@ -8,10 +8,11 @@ plain run; the other reports are still written. The CLI refuses a bad option, an
 report path or an unknown allocator with exit status 2 and one line, before running anything.
 
 A statically linked program, or a set-user-ID one owned by another user (LD_PRELOAD reaches
-neither), runs unchanged, and one line says that it writes no report.
+neither), runs unchanged, and one line says that it writes no report; one that defines malloc
+itself runs unchanged, and one line says nothing can stand in front of its allocator.
 
 usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so HOST_EXEC
-                         [HOST_STATIC]
+                         HOST_OWN_MALLOC [HOST_STATIC]
 """
 import json
 import os
@@ -22,7 +23,7 @@ import sys
 
 import altest
 
-SO = LEAF = FORK = NOT_ALLOC = EXEC = STATIC = None
+SO = LEAF = FORK = NOT_ALLOC = EXEC = OWN_MALLOC = STATIC = None
 TIMEOUT = 15
 HANGS = 0
 DIRS = []
@@ -371,6 +372,24 @@ def unreachable_program(tap, what, prog, status, said):
     tap.ok(not os.path.exists(out), f"run -- {what}: no report file")
 
 
+def test_own_malloc(tap):
+    """A program that defines the malloc family itself: its output and exit status its own, one
+    line saying nothing can stand in front of its allocator, and a report that says the same
+    (the allocator named for the program, the config for the allocator asked for not used)."""
+    out = os.path.join(tmpdir(), "r.json")
+    plain = run([OWN_MALLOC])
+    p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", OWN_MALLOC])
+    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+           and p.returncode == plain.returncode == 3,
+           "run -- a program with its own malloc: its output and exit status unchanged", show(p))
+    one_line(tap, "run -- a program with its own malloc", p, "defines malloc itself", OWN_MALLOC, status=3)
+    rep = load(out)
+    alloc = (rep or {}).get("allocator", {})
+    tap.ok(alloc.get("program_defines_malloc") is True and alloc.get("path") == OWN_MALLOC
+           and alloc.get("config", {}).get("available") is False,
+           "run -- a program with its own malloc: the report names it, the config unused", alloc)
+
+
 def test_static_program(tap):
     if not STATIC:
         tap.skip("run -- a statically linked program", "no static libc to build one with")
@@ -478,9 +497,9 @@ def test_configs(tap):
 
 
 def main():
-    global SO, LEAF, FORK, NOT_ALLOC, EXEC, STATIC, CACHE
-    SO, LEAF, FORK, NOT_ALLOC, EXEC = sys.argv[1:6]
-    STATIC = sys.argv[6] if len(sys.argv) > 6 else None
+    global SO, LEAF, FORK, NOT_ALLOC, EXEC, OWN_MALLOC, STATIC, CACHE
+    SO, LEAF, FORK, NOT_ALLOC, EXEC, OWN_MALLOC = sys.argv[1:7]
+    STATIC = sys.argv[7] if len(sys.argv) > 7 else None
     CACHE = tmpdir()
     tap = altest.Tap()
     # The first run under glibc probes it and says so on stderr; do it once here, so that the
@@ -492,6 +511,7 @@ def main():
     test_stderr_pipe_closed(tap)
     test_allocators(tap)
     test_cli_usage(tap)
+    test_own_malloc(tap)
     test_static_program(tap)
     test_setuid_program(tap)
     test_configs(tap)
