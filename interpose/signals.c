@@ -58,14 +58,30 @@ static void run_program_handler(int sig, siginfo_t *si, void *ctx)
     _al_signal_run(&program[sig], sig, si, ctx);
 }
 
-/* A signal the program leaves at its default is about to end the process. */
+/* Whether SIG can wait for the end of the call it interrupted: not a crash (a fault would come
+ * again at once, and abort() goes on to its own default), only a request to stop. */
+static bool can_wait(int sig)
+{
+    return sig != SIGABRT && sig != SIGSEGV && sig != SIGBUS && sig != SIGFPE && sig != SIGILL;
+}
+
+/* A signal the program leaves at its default is about to end the process. Inside one of our
+ * calls, whose state is half-updated (with the allocator's locks perhaps held), the report
+ * cannot be gathered: a signal that can wait is raised again where the call ends
+ * (_al_unbusy), microseconds later, with no code of the program's run in between. */
 static void end_by_signal(int sig, siginfo_t *si, void *ctx)
 {
     (void)si;
     (void)ctx;
     struct al_thread *t = _al_tls;
+    /* Open for the rest of an allocator call this interrupted, as for the program's handlers
+     * (run_program_handler): returning takes a system call outside our trampoline. */
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    if (t && t->busy == 1 && can_wait(sig)) {
+        t->ending_signal = sig;
+        return;
+    }
     _al_process_before_fatal_signal(sig, &_al_own_memory);
     /* Another thread may be writing the report already (a second signal, or exit). */
     _al_report_wait_written(2000);

@@ -57,7 +57,7 @@ static void *trampoline(void *p)
     struct al_thread *t = _al_tls ? _al_tls : _al_enter_slow();
     if (t) {
         _al_thread_started(t);
-        t->busy = 0;
+        _al_unbusy(t);
     }
     return fn(arg);
 }
@@ -74,7 +74,7 @@ AL_EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*
     if (AL_UNLIKELY(!real_pthread_create)) {
         struct al_thread *t = _al_enter_slow(); /* a thread started before any allocation */
         if (t)
-            t->busy = 0;
+            _al_unbusy(t);
         if (!real_pthread_create)
             return EAGAIN;
     }

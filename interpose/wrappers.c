@@ -59,7 +59,7 @@ static inline void al_unwind_cleanup(struct al_unwind *u)
  * clear, so the thread's pointer is the whole guard, NULL once disarmed. */
 static AL_COLD void unwound_busy(struct al_thread *t)
 {
-    t->busy = 0;
+    _al_unbusy(t);
 }
 
 static inline void al_busy_cleanup(struct al_thread **t)
@@ -110,7 +110,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         void *r = _al_real.sym args;                                                   \
         AL_BUSY_DISARM(target)                                                         \
         _al_sample_alloc(t, (size), r);                                                \
-        t->busy = 0;                                                                   \
+        _al_unbusy(t);                                                                 \
         return r;                                                                      \
     }                                                                                  \
     static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
@@ -149,7 +149,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         AL_BUSY_GUARD(target)                                                          \
         void *r = _al_real.sym args;                                                   \
         AL_BUSY_DISARM(target)                                                         \
-        t->busy = 0;                                                                   \
+        _al_unbusy(t);                                                                 \
         return r;                                                                      \
     }
 
@@ -263,7 +263,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         }                                                                              \
         t->busy = 1;                                                                   \
         _al_real.sym args;                                                             \
-        t->busy = 0;                                                                   \
+        _al_unbusy(t);                                                                 \
     }
 
 /* posix_memalign while the thread is served from our pool: errno as the call found it. */
@@ -355,7 +355,7 @@ AL_EXPORT size_t malloc_usable_size(void *p)
     if (AL_UNLIKELY(!_al_real.malloc_usable_size)) {
         struct al_thread *t = _al_enter_slow();
         if (t)
-            t->busy = 0;
+            _al_unbusy(t);
         if (!_al_real.malloc_usable_size)
             return 0;
     }

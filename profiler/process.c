@@ -165,8 +165,8 @@ void _al_process_start(void)
         _al_log("asked for the allocator %s, but malloc resolves to %s (%s): the report "
                 "describes %s", _al_allocator.requested, _al_allocator.name, _al_allocator.path,
                 _al_allocator.name);
-    if (t)
-        t->busy = was_busy;
+    if (t && !was_busy)
+        _al_unbusy(t);
 }
 
 /* Whether this is the image's own process: a vfork child shares our memory and never ran the

@@ -405,7 +405,9 @@ extern struct al_lock_stats *_al_locks;
 /* The fields every call touches come first, on one cache line (the rows and histograms aside):
  * the rest is for the rare paths. */
 struct al_thread {
-    int busy;        /* inside an interposed call: nested calls are forwarded, not counted */
+    int busy;        /* inside an interposed call: nested calls are forwarded, not counted;
+                        AL_BUSY_EXITING once the thread's exit callback has run */
+    int ending_signal;       /* one that came while busy, to be raised again by _al_unbusy */
     unsigned in_call;        /* inside the real allocator call: op * 2 + large + 1; else 0 */
     char sud_selector;       /* syscall user dispatch: block while in_call */
     unsigned tag;            /* 1..255: this thread in the shadow table's line entries */
@@ -431,6 +433,20 @@ _Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row
                "a call's fields of struct al_thread fit on its first page");
 
 extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
+
+#define AL_BUSY_EXITING 2 /* busy for good: no _al_unbusy will come */
+
+/* A signal that ends the process came while the thread was busy (signals.c): raises it again,
+ * the thread's state whole now. */
+void _al_thread_ending_signal(struct al_thread *t);
+
+/* Every end of a busy time but the thread's last. */
+AL_INLINE void _al_unbusy(struct al_thread *t)
+{
+    t->busy = 0;
+    if (AL_UNLIKELY(t->ending_signal))
+        _al_thread_ending_signal(t);
+}
 
 struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
 void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
@@ -856,14 +872,14 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, u
                     : _al_mark_alloc(p, large);
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
     _al_sample_countdown(t, size, p);
-    t->busy = 0;
+    _al_unbusy(t);
 }
 
 /* A free of p, classified by the object's own size class (looked up before it was freed). */
 AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large, uint64_t cycles)
 {
     _al_record_row(t, _al_row_index(op, large, AL_REUSE_NA, _al_phase_now()), cycles);
-    t->busy = 0;
+    _al_unbusy(t);
 }
 
 /* --mode sample: a count per row (no timing, no address tracking: reuse is n/a, and a free's
@@ -890,13 +906,13 @@ AL_INLINE void _al_count_alloc(struct al_thread *t, unsigned op, size_t size, vo
 {
     if (AL_UNLIKELY(!_al_count_alloc_first(t, op, size)))
         _al_sample_alloc(t, size, p);
-    t->busy = 0;
+    _al_unbusy(t);
 }
 
 AL_INLINE void _al_count_free(struct al_thread *t, unsigned op)
 {
     _al_count_free_first(t, op);
-    t->busy = 0;
+    _al_unbusy(t);
 }
 
 /* ---- process.c: start-up, fork, exec and exit ---------------------------------------------- */

@@ -267,8 +267,8 @@ out:
         _al_mem_unmap(hist, (size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
     if (r)
         _al_mem_unmap(r, sizeof *r);
-    if (t)
-        t->busy = was_busy;
+    if (t && !was_busy)
+        _al_unbusy(t);
 }
 
 /* The report is gathered and formatted on a stack of its own: exit() or exec may come from a

@@ -104,7 +104,12 @@ static void account(struct al_thread *t, int kind, uint64_t cycles, bool futex_w
 /* ---- SIGSYS ------------------------------------------------------------------------------ */
 
 /* SIGSYS's action set with the kernel directly, in the kernel's own layout: glibc's sigaction
- * would supply its own restorer, and the wrapper (signals.c) only records the program's. */
+ * would supply its own restorer, and the wrapper (signals.c) only records the program's.
+ * Ours runs with every signal blocked: a handler the program installed where our wrappers did
+ * not see it (sigset, a raw system call) must not run on top of ours once it has set the
+ * selector back to "block", with SIGSYS blocked too: its return, a system call outside our
+ * trampoline, would then be dispatched while SIGSYS cannot be delivered, and the kernel
+ * would end the process. Pending, it runs where the allocator call was. */
 static int kernel_sigaction(void *handler, unsigned long flags, void *restorer)
 {
     struct {
@@ -112,7 +117,7 @@ static int kernel_sigaction(void *handler, unsigned long flags, void *restorer)
         unsigned long flags;
         void *restorer;
         uint64_t mask;
-    } k = { handler, flags, restorer, 0 };
+    } k = { handler, flags, restorer, handler == SIG_DFL ? 0 : ~0ull };
     return (int)syscall(SYS_rt_sigaction, SIGSYS, &k, NULL, 8);
 }
 
@@ -198,8 +203,9 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
     if (must_run_in_place(nr)) {
         /* A call that cannot be made from a signal handler (it returns elsewhere, or works on
          * the handler's own frame): run it natively where it was made, with the selector open
-         * for the rest of this allocator call. */
-        g[REG_RIP] = (greg_t)(uintptr_t)si->si_call_addr;
+         * for the rest of this allocator call. si_call_addr is where the call returns to, just
+         * past its two-byte syscall instruction. */
+        g[REG_RIP] = (greg_t)(uintptr_t)si->si_call_addr - 2;
         g[REG_RAX] = nr;
         return;
     }

@@ -7,6 +7,7 @@
  * zeroed and reused, so a program that starts a million short threads does not grow us.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -133,11 +134,18 @@ static void phase_account(int live_before)
  * C library's loop over exit callbacks would never end. That state is kept, uncycled. */
 static __thread bool exited __attribute__((tls_model("initial-exec")));
 
+AL_COLD void _al_thread_ending_signal(struct al_thread *t)
+{
+    int sig = t->ending_signal;
+    t->ending_signal = 0;
+    raise(sig); /* to our handler again (signals.c), the thread no longer busy */
+}
+
 static void thread_exit(void *arg)
 {
     struct al_thread *t = arg;
     exited = true;
-    t->busy = 1;
+    t->busy = AL_BUSY_EXITING;
     /* Before the state can be handed to a new thread, which must not read these fds nor have
      * its selector read for this one; system calls, so not with the registry's lock held. */
     _al_counters_thread_close(&t->ctr, false);

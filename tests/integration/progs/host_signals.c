@@ -18,6 +18,9 @@
  *   fpe-threads   4 threads allocate without pause; main divides by zero: dies by SIGFPE
  *   segv-caught   its own SIGSEGV handler leaves a bad access with siglongjmp, 100 times,
  *                 allocating in between; puts the default back and exits 0
+ *   sigset        the handlers case's SIGALRM timer with a handler installed by sigset(), which
+ *                 sets it in the C library without going through sigaction (so alloclens
+ *                 never sees it), interrupting allocations that map and unmap memory
  *   exit-handler  a SIGUSR1 handler calls _exit(5) while the main loop allocates
  *   mask          SIGUSR1 blocked around allocation, then delivered by sigsuspend; exits 0
  *   sigchld       a SIGCHLD handler that writes a line for each signal; allocates enough for
@@ -218,6 +221,28 @@ int main(int argc, char **argv)
         printf("abort: calling abort()\n");
         fflush(stdout);
         abort();
+    }
+    if (!strcmp(mode, "sigset")) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* old, and still used */
+        sigset(SIGALRM, on_alarm);
+#pragma GCC diagnostic pop
+        struct itimerval it = { { 0, 200 }, { 0, 200 } };
+        setitimer(ITIMER_REAL, &it, NULL);
+        for (int i = 0; alarms < 1000; i++) {
+            void *p = malloc(16 + (size_t)(i % 5000) * 64);
+            if (!p)
+                return 90;
+            memset(p, 1, 16);
+            void *q = realloc(p, 200000 + (size_t)(i % 7) * 4096); /* mapped: system calls */
+            if (!q)
+                return 91;
+            free(q);
+        }
+        struct itimerval off = { { 0, 0 }, { 0, 0 } };
+        setitimer(ITIMER_REAL, &off, NULL);
+        printf("sigset: 1000 SIGALRM handled while allocating\n");
+        return 0;
     }
     if (!strcmp(mode, "segv")) {
         for (int i = 0; i < 2000; i++)
