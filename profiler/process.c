@@ -158,6 +158,10 @@ void _al_process_start(void)
     else
         snprintf(_al_waste.reason, sizeof _al_waste.reason, "not measured in --mode %s",
                  _al_mode_name(_al_mode));
+    if (_al_report_planned() && _al_program_is_go())
+        _al_log("this is a Go program, whose runtime ends the process with a system call of its "
+                "own, past the exit handlers: no report at its end, unless it calls the C "
+                "library's exit");
     if (_al_allocator.program_defines_malloc)
         _al_log("the program defines malloc itself (%s): alloclens cannot stand in front of "
                 "that allocator and counts only what reaches it", _al_allocator.path);

@@ -335,6 +335,9 @@ const char *_al_env(const char *name);
 /* reach.c: why LD_PRELOAD cannot reach the program CMD (a path, or with SEARCH a name looked
  * up in PATH as execvp does), as "is ...", or NULL when it can (or CMD is not found). */
 const char *_al_preload_unreachable(const char *cmd, bool search);
+/* Whether this process runs a Go program (cgo's): its runtime ends the process with a system
+ * call of its own, past the C library's exit handlers that write the report. */
+bool _al_program_is_go(void);
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 

@@ -2,12 +2,15 @@
  * headers, so nothing loads what LD_PRELOAD names: Go programs, most often), nor one that is
  * set-user-ID or set-group-ID for someone else (the loader runs it securely and ignores
  * LD_PRELOAD's paths). 'alloclens run' asks it of its command, the exec wrappers of what the
- * program execs, so that a report missing for that reason is said to be. */
+ * program execs, so that a report missing for that reason is said to be. And whether the end
+ * of a program it reaches can be seen: not a Go program's (cgo's are linked dynamically). */
 #include <elf.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -72,4 +75,37 @@ const char *_al_preload_unreachable(const char *cmd, bool search)
     if (changes_identity(found))
         return "is set-user-ID or set-group-ID: the loader ignores LD_PRELOAD for it";
     return NULL;
+}
+
+/* Whether NOTES (SIZE bytes, entries aligned to ALIGN) hold Go's build id note. */
+static bool go_note(const unsigned char *notes, size_t size, size_t align)
+{
+    size_t off = 0;
+    while (off + sizeof(ElfW(Nhdr)) <= size) {
+        ElfW(Nhdr) nh;
+        memcpy(&nh, notes + off, sizeof nh);
+        size_t name = off + sizeof nh;
+        /* Owner "Go" (its linker pads the name to 4 bytes), type 4: the build id. */
+        if ((nh.n_namesz == 3 || nh.n_namesz == 4) && name + 3 <= size && memcmp(notes + name, "Go", 3) == 0 &&
+            nh.n_type == 4)
+            return true;
+        size_t desc = name + ((nh.n_namesz + align - 1) & ~(align - 1));
+        off = desc + ((nh.n_descsz + align - 1) & ~(align - 1));
+    }
+    return false;
+}
+
+bool _al_program_is_go(void)
+{
+    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)getauxval(AT_PHDR);
+    size_t n = getauxval(AT_PHNUM);
+    uintptr_t bias = 0;
+    for (size_t i = 0; ph && i < n; i++)
+        if (ph[i].p_type == PT_PHDR)
+            bias = (uintptr_t)ph - ph[i].p_vaddr;
+    for (size_t i = 0; ph && i < n; i++)
+        if (ph[i].p_type == PT_NOTE &&
+            go_note((const unsigned char *)(bias + ph[i].p_vaddr), ph[i].p_memsz, ph[i].p_align >= 8 ? 8 : 4))
+            return true;
+    return false;
 }

@@ -9,7 +9,8 @@ report path or an unknown allocator with exit status 2 and one line, before runn
 
 A statically linked program, or a set-user-ID one owned by another user (LD_PRELOAD reaches
 neither), runs unchanged, and one line says that it writes no report; one that defines malloc
-itself runs unchanged, and one line says nothing can stand in front of its allocator.
+itself runs unchanged, and one line says nothing can stand in front of its allocator; so does a
+Go program, with one line saying its end writes no report.
 
 usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so HOST_EXEC
                          HOST_OWN_MALLOC [HOST_STATIC]
@@ -372,6 +373,65 @@ def unreachable_program(tap, what, prog, status, said):
     tap.ok(not os.path.exists(out), f"run -- {what}: no report file")
 
 
+GO_PROGRAM = """package main
+
+// #include <stdlib.h>
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"unsafe"
+)
+
+func main() {
+	for i := 0; i < 1000; i++ {
+		C.free(unsafe.Pointer(C.malloc(C.size_t(16 + i))))
+	}
+	fmt.Println("go: 1000 allocations made in C")
+	if len(os.Args) > 1 {
+		C.exit(3)
+	}
+}
+"""
+
+
+def test_go_program(tap):
+    """A Go program (cgo, so linked dynamically): its runtime ends the process with a system
+    call of its own, past the exit handlers. Its output and status its own, one line saying no
+    report will come at its end; when it ends through the C library's exit, the report does."""
+    go = shutil.which("go")
+    if not go:
+        tap.skip("run -- a Go program", "no go on PATH")
+        return
+    tmp = tmpdir()
+    with open(os.path.join(tmp, "main.go"), "w") as f:
+        f.write(GO_PROGRAM)
+    with open(os.path.join(tmp, "go.mod"), "w") as f:
+        f.write("module gocgo\n\ngo 1.19\n")
+    prog = os.path.join(tmp, "gocgo")
+    env = dict(os.environ, HOME=tmp, GOCACHE=os.path.join(tmp, "cache"), GOFLAGS="-mod=mod", CGO_ENABLED="1")
+    b = subprocess.run([go, "build", "-o", prog, "."], cwd=tmp, env=env, capture_output=True, text=True)
+    if b.returncode != 0:
+        tap.skip("run -- a Go program", f"go build failed: {b.stderr[-300:]}")
+        return
+    for args, status in (([], 0), (["exit"], 3)):
+        out = os.path.join(tmp, f"r{len(args)}.json")
+        what = f"run -- a Go program{' ending with C exit(3)' if args else ''}"
+        plain = run([prog, *args])
+        p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", prog, *args])
+        tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+               and p.returncode == plain.returncode == status,
+               f"{what}: its output and exit status unchanged", show(p))
+        one_line(tap, what, p, "Go program", "no report at its end", status=status)
+        rep = load(out)
+        if args:
+            tap.ok(rep is not None and rep["program"].get("exit_status") == 3,
+                   f"{what}: the report written, exit status 3", (rep or {}).get("program"))
+        else:
+            tap.ok(rep is None, f"{what}: no report, as the line said")
+
+
 def test_own_malloc(tap):
     """A program that defines the malloc family itself: its output and exit status its own, one
     line saying nothing can stand in front of its allocator, and a report that says the same
@@ -512,6 +572,7 @@ def main():
     test_allocators(tap)
     test_cli_usage(tap)
     test_own_malloc(tap)
+    test_go_program(tap)
     test_static_program(tap)
     test_setuid_program(tap)
     test_configs(tap)
