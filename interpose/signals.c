@@ -6,10 +6,10 @@
  * puts the default back and raises the signal again, so the process ends by it as it would
  * have (a crash's core dump then shows the raise, with the faulting frame below our handler's,
  * as glibc's old libSegFault left it). The program is told the disposition is the default,
- * and whatever it sets replaces ours (its own default brings ours back). The handler runs on
- * the thread's alternate signal stack where it has one, so that a stack overflow gets its
- * report; without one no handler can run on the overflowed stack, and the kernel ends the
- * process as it would have.
+ * and whatever it sets replaces ours (its own default brings ours back). For SIGSEGV and
+ * SIGBUS the handler runs on the thread's alternate signal stack where it has one, so that a
+ * stack overflow gets its report; without one no handler can run on the overflowed stack, and
+ * the kernel ends the process as it would have.
  *
  * While alloclens counts the allocator's system calls with syscall user dispatch:
  * The kernel turns a dispatched system call into SIGSYS, and if SIGSYS is blocked at that
@@ -96,9 +96,13 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
         syscall(SYS_exit_group, 128 + sig);
 }
 
-static struct sigaction end_action(void)
+static struct sigaction end_action(int sig)
 {
-    struct sigaction a = { .sa_sigaction = end_by_signal, .sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK };
+    struct sigaction a = { .sa_sigaction = end_by_signal, .sa_flags = SA_SIGINFO | SA_RESTART };
+    /* A stack overflow's signal, on the thread's alternate stack where it has one; no other:
+     * such a stack may be small, and it is the program's. */
+    if (sig == SIGSEGV || sig == SIGBUS)
+        a.sa_flags |= SA_ONSTACK;
     /* Nothing of the program's runs while the report is written; SIGSYS must stay open. */
     sigfillset(&a.sa_mask);
     sigdelset(&a.sa_mask, SIGSYS);
@@ -109,9 +113,10 @@ void _al_signals_start(void)
 {
     if (!_al_report_planned())
         return; /* nothing to write at the end: the defaults stay as they are */
-    struct sigaction mine = end_action(), cur;
+    struct sigaction cur;
     for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++) {
         int sig = _al_ending_signals[i];
+        struct sigaction mine = end_action(sig);
         /* Ignored (nohup, a shell's background job) or handled already: left alone. */
         if (real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL &&
             real_sigaction(sig, &mine, NULL) == 0)
@@ -157,7 +162,7 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
     struct sigaction mine;
     const struct sigaction *use = act;
     if (act && act->sa_handler == SIG_DFL && ending[sig]) {
-        mine = end_action();
+        mine = end_action(sig);
         use = &mine;
     } else if (act && dispatching() && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
         mine = *act;
