@@ -85,6 +85,8 @@ int main(void)
     unsigned long before = calls;
     for (int i = 0; i < 1000; i++) {
         char *s = malloc(32);
+        if (!s)
+            return 1;
         snprintf(s, 32, "%d", i);
         free(realloc(s, 64));
     }
