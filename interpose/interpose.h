@@ -43,6 +43,7 @@ static inline size_t _al_mul_size(size_t k, size_t n)
 /* exec.c, exit.c, threads.c, locks.c, signals.c: their forwarding targets, resolved with the
  * rest at start-up */
 void _al_exec_resolve(void);
+void _al_fds_resolve(void);
 void _al_exit_resolve(void);
 void _al_exit_start(void); /* from our constructor: registers the quick_exit handler */
 void _al_threads_resolve(void);

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -36,10 +37,25 @@ struct al_counters_config _al_counters = { .sample_every = 1 };
 #define SAMPLE_EVERY_MAX 1000000u
 
 
+/* An event on this thread, its descriptor out of the program's way (fds.c). */
 static long perf_open(struct perf_event_attr *attr, int group_fd)
 {
-    return syscall(SYS_perf_event_open, attr, 0 /* this thread */, -1 /* any cpu */, group_fd,
-                   PERF_FLAG_FD_CLOEXEC);
+    long fd = syscall(SYS_perf_event_open, attr, 0 /* this thread */, -1 /* any cpu */, group_fd,
+                      PERF_FLAG_FD_CLOEXEC);
+    return fd < 0 ? fd : _al_fd_high((int)fd);
+}
+
+/* Closes FD only if it is still the event ID: a program may close every descriptor it did not
+ * open and be given the number again for one of its own, which a fork child closing its copy
+ * of our set must not take from it. Our events are anonymous inodes, which no file, pipe or
+ * socket is. */
+static void close_event(int fd, uint64_t id)
+{
+    struct stat st;
+    uint64_t now;
+    if (fstat(fd, &st) == 0 && (st.st_mode & S_IFMT) == 0 && ioctl(fd, PERF_EVENT_IOC_ID, &now) == 0 &&
+        now == id)
+        close(fd);
 }
 
 static bool is_software(const struct perf_event_attr *attr)
@@ -340,11 +356,11 @@ static void close_set(struct al_thread_counters *c, bool mapped)
             munmap(c->page[i], page_size());
         c->page[i] = NULL;
         if (c->fd[i] >= 0)
-            close(c->fd[i]);
+            close_event(c->fd[i], c->id[i]);
         c->fd[i] = -1;
     }
     if (c->ring_fd >= 0)
-        close(c->ring_fd);
+        close_event(c->ring_fd, c->ring_id);
     c->ring_fd = -1;
 }
 
@@ -378,6 +394,8 @@ static int open_ring(struct al_thread_counters *c, bool switches)
     if (fd < 0)
         return errno ? errno : EINVAL;
     c->ring_fd = (int)fd;
+    if (ioctl((int)fd, PERF_EVENT_IOC_ID, &c->ring_id) != 0)
+        return errno ? errno : EINVAL;
     void *base = mmap(NULL, (1 + AL_RING_PAGES) * page_size(), PROT_READ | PROT_WRITE, MAP_SHARED,
                       (int)fd, 0);
     if (base == MAP_FAILED)
@@ -427,9 +445,10 @@ static int open_set(struct al_thread_counters *c, unsigned *failed)
         if (fd < 0)
             return errno ? errno : EINVAL;
         c->fd[i] = (int)fd;
+        if (ioctl((int)fd, PERF_EVENT_IOC_ID, &c->id[i]) != 0)
+            return errno ? errno : EINVAL;
         if (ev->kind == AL_EV_RING) {
-            if (ioctl((int)fd, PERF_EVENT_IOC_SET_OUTPUT, c->ring_fd) != 0 ||
-                ioctl((int)fd, PERF_EVENT_IOC_ID, &c->id[i]) != 0)
+            if (ioctl((int)fd, PERF_EVENT_IOC_SET_OUTPUT, c->ring_fd) != 0)
                 return errno ? errno : EINVAL;
             continue;
         }

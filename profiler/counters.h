@@ -51,9 +51,10 @@ struct al_thread_counters {
     int state;                      /* 0: not opened yet, 1: open, -1: failed for this thread */
     int fd[AL_MAX_EVENTS];          /* -1 for clock events, which have none */
     void *page[AL_MAX_EVENTS];      /* hardware: perf mmap page for rdpmc, or NULL */
-    uint64_t id[AL_MAX_EVENTS];     /* software: the id its ring records carry */
+    uint64_t id[AL_MAX_EVENTS];     /* the event's id (software: what its ring records carry) */
     uint64_t start[AL_MAX_EVENTS];
     int ring_fd;                    /* the ring's owner: a dummy event with switch records */
+    uint64_t ring_id;
     void *ring;                     /* metadata page + AL_RING_PAGES data pages, or NULL */
     uint64_t ring_start;            /* the ring's head before the counted call */
 };

@@ -108,6 +108,7 @@ void _al_process_start(void)
     _al_settings_load(&_al_settings);
     _al_hot.large_threshold = _al_settings.large_threshold;
     set_mode(_al_settings.mode);
+    _al_fds_init();
     _al_sampler_init(&_al_settings);
     if (_al_hot.timed) {
         _al_locks_init();

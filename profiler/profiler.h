@@ -335,6 +335,16 @@ const char *_al_env(const char *name);
 /* reach.c: why LD_PRELOAD cannot reach the program CMD (a path, or with SEARCH a name looked
  * up in PATH as execvp does), as "is ...", or NULL when it can (or CMD is not found). */
 const char *_al_preload_unreachable(const char *cmd, bool search);
+/* ---- fds.c: our descriptors, above the program's ------------------------------------------- */
+
+void _al_fds_init(void);
+/* FD moved up out of the program's way (closed, its copy returned), or FD where there is no
+ * room; close-on-exec either way. */
+int _al_fd_high(int fd);
+/* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
+ * the pipe wrapper moves what it makes up. */
+extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
+
 /* Whether this process runs a Go program (cgo's): its runtime ends the process with a system
  * call of its own, past the C library's exit handlers that write the report. */
 bool _al_program_is_go(void);

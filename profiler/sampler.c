@@ -209,7 +209,9 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
 static unsigned capture(uintptr_t *frames)
 {
     void *raw[AL_SITE_FRAMES + 16];
+    _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     int n = unw_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
+    _al_fds_ours = false;
     unsigned k = 0;
     int i = 0;
     /* Drop our own frames: the stack starts at the program's call of malloc or new. */

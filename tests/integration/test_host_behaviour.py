@@ -224,6 +224,8 @@ CASES = [
          default_text=True),
     case("no descriptors of alloclens left open in the program", "host_fds", ["count"]),
     case("stdin and stdout closed before exit", "host_fds", ["closed"], check=check_closed),
+    case("descriptors numbered as without alloclens; every one closed, then fork", "host_fds",
+         ["numbers"]),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
     case("a spin lock taken before alloclens started", "host_spin"),
     case("operator new throws bad_alloc, caught; the program goes on", "host_throw",

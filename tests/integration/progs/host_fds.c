@@ -8,11 +8,17 @@
  *                            program), then exits 0
  *        host_fds closed     keeps 16 MiB allocated (sampled sites), closes its stdin and
  *                            stdout, and exits 0: the report's symbolizer still gets its
- *                            input and output */
+ *                            input and output
+ *        host_fds numbers    allocates 12 MiB in small pieces (sampled sites, counted calls),
+ *                            then prints the numbers a file and a pipe get (the lowest free
+ *                            ones, as without a profiler); then closes every descriptor above
+ *                            2, as daemons do, makes a pipe and forks: the child allocates and
+ *                            writes to the pipe, the parent prints what it read */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int count(void)
@@ -27,8 +33,48 @@ static int count(void)
     return 0;
 }
 
+static char *volatile sink; /* the compiler may not drop an allocation nobody uses */
+
+static void churn(void)
+{
+    for (int i = 0; i < 5000; i++) {
+        sink = malloc(32 + (size_t)i);
+        free(sink);
+    }
+}
+
+static int numbers(void)
+{
+    churn();
+    int fd = open("/dev/null", O_RDONLY);
+    int p[2];
+    if (fd < 0 || pipe(p) != 0)
+        return 1;
+    printf("numbers: a file got fd %d, a pipe fds %d and %d\n", fd, p[0], p[1]);
+    for (int d = 3; d < 4096; d++)
+        close(d);
+    if (pipe(p) != 0)
+        return 1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        churn();
+        _exit(write(p[1], "hello", 5) == 5 ? 0 : 1);
+    }
+    close(p[1]);
+    char buf[8] = { 0 };
+    ssize_t n = read(p[0], buf, 5);
+    int status;
+    waitpid(pid, &status, 0);
+    printf("numbers: after closing every descriptor, the child wrote '%s' (%zd bytes), status %d\n",
+           buf, n, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "numbers"))
+        return numbers();
     if (argc == 2 && !strcmp(argv[1], "count"))
         return count();
     if (argc == 2 && !strcmp(argv[1], "closed")) {
