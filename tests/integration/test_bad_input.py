@@ -317,6 +317,8 @@ def test_cli_usage(tap):
     one_line(tap, "run --large-threshold=xyz", p, "large-threshold", "xyz", status=2)
     p = run([cli, "run", "--bogus", "--", *touch])
     one_line(tap, "run --bogus", p, "--bogus", status=2)
+    p = run([cli, "run", "--mode", "fast", "--", *touch])
+    one_line(tap, "run --mode fast", p, "--mode", "fast", status=2)
     p = run([cli, "run", "-a"])
     one_line(tap, "run -a (no value)", p, "-a", status=2)
     p = run([cli, "run", "-o"])
