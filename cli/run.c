@@ -85,7 +85,7 @@ static int absolute_output(const char *path, char *out, size_t cap)
 static int set_value(const struct al_option *o, const char *value)
 {
     if (o == &_al_options[AL_OPT_MODE] && _al_mode_parse(value) < 0) {
-        fprintf(stderr, "alloclens: --mode wants full, time or sample, not '%s'\n", value);
+        fprintf(stderr, "alloclens: --mode takes full, time or sample, not '%s'\n", value);
         return -1;
     }
     if (o->type != AL_OPT_STRING) {
