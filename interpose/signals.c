@@ -50,12 +50,25 @@ static bool dispatching(void)
     return _al_syscalls.dispatch;
 }
 
+static struct sigaction end_action(int sig);
+
+/* The program's handler for SIG, installed as this one where we must step in: while system
+ * calls are dispatched (its handler runs with the selector open), and for a handler of an
+ * ending signal that asks for the default back on the way in (SA_RESETHAND, as node's for
+ * SIGINT and SIGTERM, which then raise the signal again): the kernel would put SIG_DFL back,
+ * past our wrappers; ours stands in for the default instead, so the raise writes the report. */
 static void run_program_handler(int sig, siginfo_t *si, void *ctx)
 {
     struct al_thread *t = _al_tls;
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
-    _al_signal_run(&program[sig], sig, si, ctx);
+    struct sigaction a = program[sig];
+    if (a.sa_flags & SA_RESETHAND) {
+        struct sigaction dfl = ending[sig] ? end_action(sig) : (struct sigaction){ .sa_handler = SIG_DFL };
+        real_sigaction(sig, &dfl, NULL);
+        program[sig] = (struct sigaction){ .sa_handler = SIG_DFL };
+    }
+    _al_signal_run(&a, sig, si, ctx);
 }
 
 /* Whether SIG can wait for the end of the call it interrupted: not a crash (a fault would come
@@ -164,11 +177,13 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
     if (act && act->sa_handler == SIG_DFL && ending[sig]) {
         mine = end_action(sig);
         use = &mine;
-    } else if (act && dispatching() && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
+    } else if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN &&
+               (dispatching() || (act->sa_flags & SA_RESETHAND))) {
         mine = *act;
-        mine.sa_flags |= SA_SIGINFO;
+        mine.sa_flags = (mine.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
         mine.sa_sigaction = run_program_handler;
-        sigdelset(&mine.sa_mask, SIGSYS);
+        if (dispatching())
+            sigdelset(&mine.sa_mask, SIGSYS);
         use = &mine;
     }
     int r = real_sigaction(sig, use, old);

@@ -183,6 +183,8 @@ CASES = [
     case("write to a pipe nobody reads: SIGPIPE", "host_signals", ["pipe"]),
     case("dispositions as the program sees them; SIGINT at its default", "host_signals",
          ["dispositions"]),
+    case("a one-shot SIGTERM handler (SA_RESETHAND) that raises it again", "host_signals",
+         ["resethand"]),
     case("abort", "host_signals", ["abort"]),
     case("a bad memory access: SIGSEGV", "host_signals", ["segv"]),
     case("division by zero while threads allocate: SIGFPE", "host_signals", ["fpe-threads"]),

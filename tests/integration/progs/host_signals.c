@@ -13,6 +13,8 @@
  *                 sigaction reports them; installs a SIGINT handler and puts the default back,
  *                 printing what signal() returned each time; ignores SIGHUP and raises it;
  *                 then raises SIGINT: dies by SIGINT
+ *   resethand     a one-shot SIGTERM handler (SA_RESETHAND, as node's) cleans up, prints the
+ *                 disposition it sees and raises SIGTERM again: dies by SIGTERM
  *   abort         allocates, then abort(): dies by SIGABRT
  *   segv          allocates, then writes through a bad pointer: dies by SIGSEGV
  *   fpe-threads   4 threads allocate without pause; main divides by zero: dies by SIGFPE
@@ -71,6 +73,19 @@ static void on_segv(int sig)
 
 /* A bad address, hidden from the compiler. */
 static int *volatile nowhere = (int *)16;
+
+static const char *disposition(int sig);
+
+static void on_term_once(int sig)
+{
+    static const char line[] = "resethand: handler ran, SIGTERM now ";
+    ssize_t w = write(1, line, sizeof line - 1);
+    const char *d = disposition(sig);
+    w += write(1, d, strlen(d));
+    w += write(1, "\n", 1);
+    (void)w;
+    raise(sig);
+}
 
 static void on_usr1_exit(int sig)
 {
@@ -213,6 +228,21 @@ int main(int argc, char **argv)
         fflush(stdout);
         raise(SIGINT);
         printf("dispositions: still alive after SIGINT?\n");
+        return 1;
+    }
+    if (!strcmp(mode, "resethand")) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_term_once;
+        sa.sa_flags = SA_RESETHAND;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        for (int i = 0; i < 2000; i++)
+            churn_once(i);
+        printf("resethand: SIGTERM %s; raising it\n", disposition(SIGTERM));
+        fflush(stdout);
+        raise(SIGTERM);
+        printf("resethand: still alive?\n");
         return 1;
     }
     if (!strcmp(mode, "abort")) {
