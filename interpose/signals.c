@@ -81,7 +81,8 @@ static bool can_wait(int sig)
 /* A signal the program leaves at its default is about to end the process. Inside one of our
  * calls, whose state is half-updated (with the allocator's locks perhaps held), the report
  * cannot be gathered: a signal that can wait is raised again where the call ends
- * (_al_unbusy), microseconds later, with no code of the program's run in between. */
+ * (_al_unbusy), microseconds later, with no code of the program's run in between; a second
+ * one before then ends the process with a line instead of the report. */
 static void end_by_signal(int sig, siginfo_t *si, void *ctx)
 {
     (void)si;
@@ -91,7 +92,9 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
      * (run_program_handler): returning takes a system call outside our trampoline. */
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
-    if (t && t->busy == 1 && can_wait(sig)) {
+    /* Once only: a thread left busy for good (a handler of the program's that jumped out of
+     * an allocator call with siglongjmp) must not hold a second one back. */
+    if (t && t->busy == 1 && !t->ending_signal && can_wait(sig)) {
         t->ending_signal = sig;
         return;
     }
@@ -149,10 +152,11 @@ static const sigset_t *without_sigsys(int how, const sigset_t *set, sigset_t *co
 
 /* sigaction in a vfork child, which shares its parent's memory but not its dispositions (gdb's
  * puts every signal back to its default before its exec): the change is the child's alone, so
- * none of the tables above may record it. Its SIGSYS stays ours until the exec. */
+ * none of the tables above may record it. Its SIGSYS stays ours until the exec, which puts
+ * the default back anyway; only "ignored" outlives an exec, so that one is passed on. */
 static int child_sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
-    if (sig == SIGSYS && _al_syscalls_owns_sigsys())
+    if (sig == SIGSYS && _al_syscalls_owns_sigsys() && !(act && act->sa_handler == SIG_IGN))
         return _al_syscalls_program_sigaction(NULL, old);
     int r = real_sigaction(sig, act, old);
     if (r == 0 && old && sig > 0 && sig < _NSIG &&

@@ -186,8 +186,8 @@ void _al_allocator_load_config(struct al_allocator_info *a, const char *path)
     if (a->path[0] && !same_file(c->allocator, a->path)) {
         snprintf(err, sizeof err, "%.150s describes %.150s, but %.150s serves the calls: not used", path,
                  c->allocator, a->path);
-        /* Where another allocator than the one asked for serves the calls, the line saying so
-         * is the one to read (process.c); this follows from it. */
+        /* Where another allocator than the one asked for serves the calls, this follows from
+         * that, which the main process says in a line (process.c) and every report records. */
         if (!a->requested[0] && !a->program_defines_malloc)
             _al_log("%s", err);
         copy(a->config_reason, sizeof a->config_reason, err);

@@ -47,14 +47,14 @@ static long perf_open(struct perf_event_attr *attr, int group_fd)
 
 /* Closes FD only if it is still the event ID: a program may close every descriptor it did not
  * open and be given the number again for one of its own, which a fork child closing its copy
- * of our set must not take from it. Our events are anonymous inodes, which no file, pipe or
- * socket is. */
+ * of our set must not take from it. A device is never one of ours, and is not asked: its
+ * driver has ioctls of its own. */
 static void close_event(int fd, uint64_t id)
 {
     struct stat st;
     uint64_t now;
-    if (fstat(fd, &st) == 0 && (st.st_mode & S_IFMT) == 0 && ioctl(fd, PERF_EVENT_IOC_ID, &now) == 0 &&
-        now == id)
+    if (fstat(fd, &st) == 0 && !S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode) &&
+        ioctl(fd, PERF_EVENT_IOC_ID, &now) == 0 && now == id)
         close(fd);
 }
 

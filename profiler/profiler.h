@@ -338,8 +338,8 @@ const char *_al_preload_unreachable(const char *cmd, bool search);
 /* ---- fds.c: our descriptors, above the program's ------------------------------------------- */
 
 void _al_fds_init(void);
-/* FD moved up out of the program's way (closed, its copy returned), or FD where there is no
- * room; close-on-exec either way. */
+/* FD moved up out of the program's way (closed, its close-on-exec copy returned), or FD as it
+ * came where there is no room. */
 int _al_fd_high(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
@@ -457,6 +457,9 @@ void _al_thread_ending_signal(struct al_thread *t);
 AL_INLINE void _al_unbusy(struct al_thread *t)
 {
     t->busy = 0;
+    /* The handler runs on this thread: the flag must be stored before the signal is looked at,
+     * or one landing in between would see the thread busy and be left for a look already made. */
+    atomic_signal_fence(memory_order_seq_cst);
     if (AL_UNLIKELY(t->ending_signal))
         _al_thread_ending_signal(t);
 }
@@ -958,8 +961,8 @@ void _al_process_before_exec(const char *file, bool search, char *const envp[]);
 /* posix_spawn is about to exec FILE in a new process: a line if LD_PRELOAD cannot reach it. */
 void _al_process_before_spawn(const char *file, bool search, char *const envp[]);
 void _al_process_exec_failed(void);
-/* A vfork child (or one made by clone without the fork handlers): its writes to our memory
- * land in its parent's. */
+/* A process other than the image's own that never ran our fork handlers: a vfork child, whose
+ * writes to our memory land in its parent's (or a child of a raw clone, taken for one). */
 bool _al_process_shared_child(void);
 /* _exit or _Exit called by the program, or quick_exit's handlers done: exit() and so our
  * handler will not run. Writes the report unless this is a vfork child or the thread is inside

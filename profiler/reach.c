@@ -10,7 +10,6 @@
 #include <link.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/auxv.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -77,7 +76,8 @@ const char *_al_preload_unreachable(const char *cmd, bool search)
     return NULL;
 }
 
-/* Whether NOTES (SIZE bytes, entries aligned to ALIGN) hold Go's build id note. */
+/* Whether NOTES (SIZE bytes, entries aligned to ALIGN from the segment's start) hold Go's build
+ * id note: owner "Go" (its linker pads the name to 4 bytes), type 4. */
 static bool go_note(const unsigned char *notes, size_t size, size_t align)
 {
     size_t off = 0;
@@ -85,27 +85,32 @@ static bool go_note(const unsigned char *notes, size_t size, size_t align)
         ElfW(Nhdr) nh;
         memcpy(&nh, notes + off, sizeof nh);
         size_t name = off + sizeof nh;
-        /* Owner "Go" (its linker pads the name to 4 bytes), type 4: the build id. */
         if ((nh.n_namesz == 3 || nh.n_namesz == 4) && name + 3 <= size && memcmp(notes + name, "Go", 3) == 0 &&
             nh.n_type == 4)
             return true;
-        size_t desc = name + ((nh.n_namesz + align - 1) & ~(align - 1));
-        off = desc + ((nh.n_descsz + align - 1) & ~(align - 1));
+        size_t desc = (name + nh.n_namesz + align - 1) & ~(align - 1);
+        off = (desc + nh.n_descsz + align - 1) & ~(align - 1);
     }
     return false;
 }
 
+/* The first object dl_iterate_phdr reports is the program itself. */
+static int program_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    *(struct dl_phdr_info *)arg = *info;
+    return 1;
+}
+
 bool _al_program_is_go(void)
 {
-    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)getauxval(AT_PHDR);
-    size_t n = getauxval(AT_PHNUM);
-    uintptr_t bias = 0;
-    for (size_t i = 0; ph && i < n; i++)
-        if (ph[i].p_type == PT_PHDR)
-            bias = (uintptr_t)ph - ph[i].p_vaddr;
-    for (size_t i = 0; ph && i < n; i++)
-        if (ph[i].p_type == PT_NOTE &&
-            go_note((const unsigned char *)(bias + ph[i].p_vaddr), ph[i].p_memsz, ph[i].p_align >= 8 ? 8 : 4))
+    struct dl_phdr_info prog = { 0 };
+    dl_iterate_phdr(program_object, &prog);
+    for (size_t i = 0; prog.dlpi_phdr && i < prog.dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &prog.dlpi_phdr[i];
+        if (ph->p_type == PT_NOTE &&
+            go_note((const unsigned char *)(prog.dlpi_addr + ph->p_vaddr), ph->p_memsz, ph->p_align >= 8 ? 8 : 4))
             return true;
+    }
     return false;
 }

@@ -109,7 +109,8 @@ static void account(struct al_thread *t, int kind, uint64_t cycles, bool futex_w
  * not see it (sigset, a raw system call) must not run on top of ours once it has set the
  * selector back to "block", with SIGSYS blocked too: its return, a system call outside our
  * trampoline, would then be dispatched while SIGSYS cannot be delivered, and the kernel
- * would end the process. Pending, it runs where the allocator call was. */
+ * would end the process. Pending, it runs where the allocator call was. (A SIGSYS that is
+ * the program's own runs its handler with the mask it asked for: forward_to_program.) */
 static int kernel_sigaction(void *handler, unsigned long flags, void *restorer)
 {
     struct {
@@ -133,6 +134,21 @@ static void forward_to_program(int sig, siginfo_t *si, void *ctx)
         raise(SIGSYS);
         return;
     }
+    if (a.sa_handler == SIG_IGN)
+        return;
+    /* As the kernel would run it: with the mask it asked for added to the one it interrupted
+     * (not ours, which blocks every signal), and with the selector open, as the program's
+     * other handlers run (a seccomp trap may come inside an allocator call). */
+    struct al_thread *t = _al_tls;
+    if (t)
+        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    uint64_t mask, asked;
+    memcpy(&mask, &((ucontext_t *)ctx)->uc_sigmask, sizeof mask);
+    memcpy(&asked, &a.sa_mask, sizeof asked);
+    mask |= asked;
+    if (!(a.sa_flags & SA_NODEFER))
+        mask |= 1ull << (SIGSYS - 1);
+    _al_sud_syscall(SYS_rt_sigprocmask, SIG_SETMASK, (long)&mask, 0, sizeof mask, 0, 0);
     _al_signal_run(&a, sig, si, ctx);
 }
 

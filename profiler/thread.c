@@ -203,6 +203,7 @@ struct al_thread *_al_thread_attach(void)
             return NULL;
     }
     t->busy = 1;
+    t->ending_signal = 0; /* a state copied into a fork child may hold its thread's */
     _al_sampler_thread_init(t);
     _al_waste_thread_init(t);
     _al_thread_measure_init(t);

@@ -11,7 +11,7 @@ Under alloclens, the main process's JSON report must be there and parse when the
 exits normally (with program.exit_status equal to the status), the text report must be in its
 file, and processes forked or exec'd must have left their own REPORT.<pid>.json.
 
-usage: test_host_behaviour.py LIBALLOCLENS.so PLUGIN.so HOST_PROGRAM...
+usage: test_host_behaviour.py LIBALLOCLENS.so PLUGIN.so RAISE_IN_MALLOC.so HOST_PROGRAM...
 """
 import concurrent.futures
 import glob
@@ -402,10 +402,34 @@ def check(tap, alloc, c, plain, prof, ptmp, tmp):
         c["check"](tap, desc, main, sides, prof.stdout, prof.stderr)
 
 
+def check_signal_in_allocator(tap, shim, leaf):
+    """SIGTERM raised from inside the allocator's malloc (host_raise_in_malloc, preloaded as an
+    allocator is): the signal lands inside one of our calls every time. The process still dies
+    by it, with its output its own, and the report is written, nothing said on stderr."""
+    argv = [leaf, "0", "5000"]
+    env = dict(clean_env(), HOST_RAISE_AT="2000", HOST_RAISE_SIGNAL=str(int(signal.SIGTERM)))
+    plain = subprocess.run(argv, env=dict(env, LD_PRELOAD=shim), capture_output=True, timeout=TIMEOUT)
+    for mode in ("full", "time", "sample"):
+        desc = f"SIGTERM raised inside malloc, --mode {mode}"
+        tmp = altest.tmpdir()
+        out = os.path.join(tmp, "r.json")
+        prof = subprocess.run(argv, env=dict(env, LD_PRELOAD=f"{SO}:{shim}", ALLOCLENS_OUTPUT=out,
+                                             ALLOCLENS_TEXT="off", ALLOCLENS_MODE=mode),
+                              capture_output=True, timeout=TIMEOUT)
+        tap.ok(plain.returncode == prof.returncode == -signal.SIGTERM and plain.stdout == prof.stdout,
+               f"{desc}: dies by SIGTERM, output as plain",
+               f"plain {status_text(plain.returncode)}, alloclens {status_text(prof.returncode)}")
+        main, err = load(out)
+        tap.ok(main is not None and main["program"].get("signal") == signal.SIGTERM and prof.stderr == b"",
+               f"{desc}: the report, ended by SIGTERM, and nothing on stderr",
+               f"{err or main['program']}; stderr: {prof.stderr[-500:]!r}")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     global SO
-    SO, plugin = sys.argv[1], sys.argv[2]
-    progs = {os.path.basename(p): p for p in sys.argv[3:]}
+    SO, plugin, shim = sys.argv[1], sys.argv[2], sys.argv[3]
+    progs = {os.path.basename(p): p for p in sys.argv[4:]}
     tap = altest.Tap()
     allocs = altest.allocators()
     if "glibc" in allocs:
@@ -455,6 +479,7 @@ def main():
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 tap.diag(f"reports kept in {tmp}")
+    check_signal_in_allocator(tap, shim, progs["host_leaf"])
     slow = sorted(((t[1], t[0], a, c["label"]) for c in CASES
                    for a, t in c.get("times", {}).items()),
                   reverse=True)[:5]

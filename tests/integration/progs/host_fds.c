@@ -12,8 +12,9 @@
  *        host_fds numbers    allocates 12 MiB in small pieces (sampled sites, counted calls),
  *                            then prints the numbers a file and a pipe get (the lowest free
  *                            ones, as without a profiler); then closes every descriptor above
- *                            2, as daemons do, makes a pipe and forks: the child allocates and
- *                            writes to the pipe, the parent prints what it read */
+ *                            2, as daemons do, makes a pipe, puts its write end on 512..527
+ *                            too (where a profiler may have had its own) and forks: the child
+ *                            allocates and writes through each, the parent prints what it read */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,15 +56,25 @@ static int numbers(void)
         close(d);
     if (pipe(p) != 0)
         return 1;
+    for (int d = 512; d < 528; d++)
+        if (dup2(p[1], d) != d)
+            return 1;
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
         churn();
-        _exit(write(p[1], "hello", 5) == 5 ? 0 : 1);
+        int wrote = 0;
+        for (int d = 512; d < 528; d++)
+            wrote += write(d, "x", 1) == 1;
+        _exit(write(p[1], "hello", 5) == 5 && wrote == 16 ? 0 : 1);
     }
     close(p[1]);
-    char buf[8] = { 0 };
-    ssize_t n = read(p[0], buf, 5);
+    for (int d = 512; d < 528; d++)
+        close(d);
+    char buf[32] = { 0 };
+    ssize_t n = 0, r;
+    while (n < 21 && (r = read(p[0], buf + n, (size_t)(21 - n))) > 0)
+        n += r;
     int status;
     waitpid(pid, &status, 0);
     printf("numbers: after closing every descriptor, the child wrote '%s' (%zd bytes), status %d\n",
