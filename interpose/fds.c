@@ -19,8 +19,8 @@ AL_EXPORT int pipe2(int fds[2], int flags)
 {
     int r = real_pipe2 ? real_pipe2(fds, flags) : (int)syscall(SYS_pipe2, fds, flags);
     if (AL_UNLIKELY(_al_fds_ours) && r == 0) {
-        fds[0] = _al_fd_high(fds[0]);
-        fds[1] = _al_fd_high(fds[1]);
+        fds[0] = _al_fd_top(fds[0]);
+        fds[1] = _al_fd_top(fds[1]);
     }
     return r;
 }

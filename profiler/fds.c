@@ -2,32 +2,47 @@
  * socket give the lowest free number, and a program's descriptors must be numbered as they
  * would be without us. A program may also close every descriptor it did not open (as daemons
  * do) and be given those numbers again: ours are moved where that is unlikely, and whoever
- * closes one of ours checks first that it still is. */
+ * closes one of ours checks first that it still is. libunwind cannot be made to check: when it
+ * finds its pipe gone it closes the two numbers blindly, so its pipe goes higher still. */
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include "profiler.h"
 
-static int base = 3;
+static int base = 3, top = 3;
 __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
 
 void _al_fds_init(void)
 {
     /* Half way up a small limit, at 512 under a large one: far above what most programs open,
-     * without growing the kernel's descriptor table much. */
+     * without growing the kernel's descriptor table much; the top: just under the limit, or
+     * under 4096 (the table grows to the highest number in use). */
     struct rlimit nofile;
-    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0)
-        base = nofile.rlim_cur >= 1024 ? 512 : nofile.rlim_cur >= 16 ? (int)(nofile.rlim_cur / 2) : 3;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) != 0)
+        return;
+    rlim_t cur = nofile.rlim_cur;
+    base = cur >= 1024 ? 512 : cur >= 16 ? (int)(cur / 2) : 3;
+    top = cur >= 1024 ? (int)((cur < 4096 ? cur : 4096) - 16) : base;
 }
 
-int _al_fd_high(int fd)
+static int move(int fd, int at)
 {
-    if (fd < 0 || fd >= base)
+    if (fd < 0 || fd >= at)
         return fd;
-    int high = fcntl(fd, F_DUPFD_CLOEXEC, base);
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, at);
     if (high < 0)
         return fd; /* no room up there: it stays where it is */
     close(fd);
     return high;
+}
+
+int _al_fd_high(int fd)
+{
+    return move(fd, base);
+}
+
+int _al_fd_top(int fd)
+{
+    return move(fd, top);
 }

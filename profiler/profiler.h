@@ -339,8 +339,9 @@ const char *_al_preload_unreachable(const char *cmd, bool search);
 
 void _al_fds_init(void);
 /* FD moved up out of the program's way (closed, its close-on-exec copy returned), or FD as it
- * came where there is no room. */
+ * came where there is no room; _al_fd_top higher still, for libunwind's pipe. */
 int _al_fd_high(int fd);
+int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
 extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
