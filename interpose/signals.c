@@ -30,6 +30,7 @@
 static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
 static int (*real_sigprocmask)(int, const sigset_t *, sigset_t *);
 static int (*real_pthread_sigmask)(int, const sigset_t *, sigset_t *);
+static void (*real_abort)(void) __attribute__((noreturn));
 
 /* The program's handlers, as it asked for them. Those we wrap are installed as
  * run_program_handler, which the program is never handed: it is told what it asked for. */
@@ -43,6 +44,7 @@ void _al_signals_resolve(void)
     real_sigaction = (__typeof__(real_sigaction))dlsym(RTLD_NEXT, "sigaction");
     real_sigprocmask = (__typeof__(real_sigprocmask))dlsym(RTLD_NEXT, "sigprocmask");
     real_pthread_sigmask = (__typeof__(real_pthread_sigmask))dlsym(RTLD_NEXT, "pthread_sigmask");
+    real_abort = (__typeof__(real_abort))dlsym(RTLD_NEXT, "abort");
 }
 
 static bool dispatching(void)
@@ -138,6 +140,29 @@ void _al_signals_start(void)
             real_sigaction(sig, &mine, NULL) == 0)
             ending[sig] = true;
     }
+}
+
+/* abort() called through its symbol (the C library's own calls, assert's, come to our handler):
+ * while our handler stands in for SIGABRT's default, the report is written here, on the
+ * caller's stack, and the default put back before the C library raises it. abort() may be
+ * called from a handler running on a small alternate stack (Rust's, on a stack overflow),
+ * where the kernel has no room left for our handler's frame and would end the process with
+ * SIGSEGV instead. */
+AL_EXPORT void abort(void)
+{
+    if (AL_UNLIKELY(!real_sigaction))
+        _al_signals_resolve();
+    struct sigaction cur;
+    if (ending[SIGABRT] && real_sigaction(SIGABRT, NULL, &cur) == 0 && cur.sa_sigaction == end_by_signal) {
+        _al_process_before_fatal_signal(SIGABRT, &_al_own_memory);
+        struct sigaction dfl = { .sa_handler = SIG_DFL };
+        real_sigaction(SIGABRT, &dfl, NULL);
+    }
+    if (AL_LIKELY(real_abort != NULL))
+        real_abort();
+    raise(SIGABRT);
+    for (;;) /* not reached */
+        syscall(SYS_exit_group, 128 + SIGABRT);
 }
 
 /* The mask change HOW SET asks for, SIGSYS left deliverable (in *COPY where it must change). */

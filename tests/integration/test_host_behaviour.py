@@ -158,6 +158,17 @@ def check_in_malloc(tap, desc, main, sides, stdout, stderr):
            f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
 
 
+def check_overflow(tap, desc, main, sides, stdout, stderr):
+    """host_signals overflow: abort() from a handler on a small alternate stack: the report
+    (written on the caller's stack before the default is put back), or, where the overflow came
+    inside an allocator call, one line saying why there is none."""
+    said = b"no report for this process" in stderr
+    tap.ok((main is not None and main["program"].get("signal") == signal.SIGABRT and not said)
+           or (main is None and said),
+           f"{desc}: the report, ended by SIGABRT, or a line saying why not",
+           f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+
+
 CASES = [
     case("leaf exit 0", "host_leaf", ["0"]),
     case("leaf exit 42", "host_leaf", ["42", "5000"]),
@@ -186,6 +197,8 @@ CASES = [
     case("a one-shot SIGTERM handler (SA_RESETHAND) that raises it again", "host_signals",
          ["resethand"]),
     case("abort", "host_signals", ["abort"]),
+    case("abort() from a SIGSEGV handler on a small alternate stack (a stack overflow)",
+         "host_signals", ["overflow"], main_report=False, default_text=True, check=check_overflow),
     case("a bad memory access: SIGSEGV", "host_signals", ["segv"]),
     case("division by zero while threads allocate: SIGFPE", "host_signals", ["fpe-threads"]),
     case("the program's own SIGSEGV handler recovers", "host_signals", ["segv-caught"]),

@@ -16,6 +16,9 @@
  *   resethand     a one-shot SIGTERM handler (SA_RESETHAND, as node's) cleans up, prints the
  *                 disposition it sees and raises SIGTERM again: dies by SIGTERM
  *   abort         allocates, then abort(): dies by SIGABRT
+ *   overflow      as Rust's runtime does: a SIGSEGV handler on an alternate stack of
+ *                 max(SIGSTKSZ, AT_MINSIGSTKSZ) bytes calls abort() when the stack
+ *                 overflows, in a recursion that allocates now and then: dies by SIGABRT
  *   segv          allocates, then writes through a bad pointer: dies by SIGSEGV
  *   fpe-threads   4 threads allocate without pause; main divides by zero: dies by SIGFPE
  *   segv-caught   its own SIGSEGV handler leaves a bad access with siglongjmp, 100 times,
@@ -36,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -85,6 +89,29 @@ static void on_term_once(int sig)
     w += write(1, "\n", 1);
     (void)w;
     raise(sig);
+}
+
+static void on_overflow(int sig)
+{
+    /* Formatted in a buffer, as Rust's handler formats its message: room taken on the
+     * alternate stack. */
+    volatile char used[2048];
+    char *line = (char *)used;
+    int n = snprintf(line, sizeof used, "overflow: the stack overflowed (signal %d), aborting\n", sig);
+    ssize_t w = write(1, line, (size_t)n);
+    (void)w;
+    abort();
+}
+
+static volatile unsigned long depth_limit = ~0ul; /* never reached: the stack ends first */
+
+static unsigned long recurse(unsigned long n)
+{
+    volatile char frame[1024];
+    frame[0] = (char)n;
+    if (n % 64 == 0)
+        free(malloc(64 + n % 1000));
+    return n == depth_limit ? 0 : recurse(n + 1) + frame[0];
 }
 
 static void on_usr1_exit(int sig)
@@ -244,6 +271,20 @@ int main(int argc, char **argv)
         raise(SIGTERM);
         printf("resethand: still alive?\n");
         return 1;
+    }
+    if (!strcmp(mode, "overflow")) {
+        size_t size = getauxval(AT_MINSIGSTKSZ) > (size_t)SIGSTKSZ ? getauxval(AT_MINSIGSTKSZ) : (size_t)SIGSTKSZ;
+        stack_t ss = { .ss_sp = malloc(size), .ss_size = size };
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_overflow;
+        sa.sa_flags = SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        if (!ss.ss_sp || sigaltstack(&ss, NULL) != 0 || sigaction(SIGSEGV, &sa, NULL) != 0)
+            return 1;
+        printf("overflow: recursing\n");
+        fflush(stdout);
+        return (int)recurse(1);
     }
     if (!strcmp(mode, "abort")) {
         for (int i = 0; i < 2000; i++)
