@@ -85,6 +85,20 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
     return n;
 }
 
+long _al_proc_status(const char *field)
+{
+    char status[4096], key[64];
+    if (_al_proc_read("/proc/self/status", status, sizeof status) < 0 ||
+        (size_t)snprintf(key, sizeof key, "\n%s:", field) >= sizeof key)
+        return -1;
+    const char *f = strstr(status, key);
+    if (!f)
+        return -1;
+    f += strlen(key);
+    f += strspn(f, " \t");
+    return (long)_al_proc_num(&f, 10);
+}
+
 int _al_proc_pagemap_open(void)
 {
     return open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);

@@ -110,14 +110,25 @@ void _al_process_start(void)
     set_mode(_al_settings.mode);
     _al_fds_init();
     _al_sampler_init(&_al_settings);
+    /* Started under a seccomp filter (a systemd service's SystemCallFilter, a sandbox): the
+     * events' perf_event_open and dispatch's prctl are calls such filters refuse, some by
+     * ending the process, so neither is made. */
+    bool filtered = _al_proc_status("Seccomp") > 0;
     if (_al_hot.timed) {
         _al_locks_init();
-        if (_al_settings.syscalls)
+        if (filtered)
+            snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
+                     "not under a seccomp filter, which may refuse the prctl that starts it");
+        else if (_al_settings.syscalls)
             _al_syscalls_init();
         else
             snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
                      "off (--syscalls 0)");
-        if (_al_settings.events && strcmp(_al_settings.events, "off") != 0) {
+        if (filtered) {
+            _al_counters.available = false;
+            snprintf(_al_counters.reason, sizeof _al_counters.reason,
+                     "not under a seccomp filter, which may refuse perf_event_open");
+        } else if (_al_settings.events && strcmp(_al_settings.events, "off") != 0) {
             _al_counters_init(strcmp(_al_settings.events, "default") ? _al_settings.events : NULL,
                               _al_settings.sample_every, _al_settings.event_attrs);
         } else {

@@ -255,22 +255,6 @@ static int install_handler(void)
     return r;
 }
 
-/* The process's tracer (gdb, strace, rr), 0 if none. */
-static long tracer(void)
-{
-    char status[4096];
-    ssize_t n = _al_proc_read("/proc/self/status", status, sizeof status - 1);
-    if (n <= 0)
-        return 0;
-    status[n] = '\0';
-    const char *f = strstr(status, "\nTracerPid:");
-    if (!f)
-        return 0;
-    f += strlen("\nTracerPid:");
-    f += strspn(f, " \t");
-    return (long)_al_proc_num(&f, 10);
-}
-
 void _al_syscalls_init(void)
 {
     /* Valgrind makes the program's system calls from its own code, with every signal blocked:
@@ -281,8 +265,8 @@ void _al_syscalls_init(void)
         return;
     }
     /* A debugger stops the program at every signal it gets, SIGSYS included (gdb by default). */
-    long by = tracer();
-    if (by) {
+    long by = _al_proc_status("TracerPid");
+    if (by > 0) {
         snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
                  "not while the process is traced (by pid %ld), whose tracer would stop at each SIGSYS "
                  "that counting them takes", by);

@@ -224,4 +224,19 @@ if shutil.which("strace"):
 else:
     tap.skip("sys_big traced by strace -f", "strace not installed")
 
+# 6. sys_big started under a seccomp filter that ends the process at perf_event_open (as a
+# systemd service's SystemCallFilter does): the program runs as plain; the report says why
+# events and system calls were not measured. `sys_sigsys exec` installs the filter.
+for name, path in allocs.items():
+    a = plain([SIGSYS, "exec", BIG], None if name == "glibc" else path)
+    b, rep = run(name, [SIGSYS, "exec", BIG], wd, name=f"seccomp-{name}")
+    tap.ok(a.returncode == b.returncode == 0 and a.stdout == b.stdout,
+           f"sys_big under a seccomp filter, {name}: exit status and stdout as plain",
+           f"plain rc {a.returncode}, alloclens rc {b.returncode}\n{b.stderr.decode()[-2000:]}")
+    ctr, info = (rep or {}).get("counters", {}), (rep or {}).get("syscalls_info", {})
+    tap.ok(ctr.get("available") is False and "seccomp" in ctr.get("reason", "")
+           and info.get("available") is False and "seccomp" in info.get("reason", ""),
+           f"sys_big under a seccomp filter, {name}: counters and syscalls unavailable, saying why",
+           f"counters: {ctr.get('reason')}; syscalls: {info}")
+
 tap.done()

@@ -4,7 +4,9 @@
  *          count and the si_code seen.
  *  part 2: no_new_privs + a seccomp filter: getppid -> ERRNO(EPERM), getpgrp? no: uname ->
  *          TRAP (SIGSYS to our handler); then a lot of allocation including 33 MiB blocks, and
- *          the filtered calls; prints what it saw. */
+ *          the filtered calls; prints what it saw.
+ * sys_sigsys exec CMD ARGS...: under a seccomp filter that ends the process at any
+ *          perf_event_open (as a systemd service's SystemCallFilter does), execs CMD. */
 #include <errno.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
@@ -57,8 +59,26 @@ static void churn(int rounds)
     }
 }
 
-int main(void)
+/* The filter a sandboxed service starts under: perf_event_open ends the process. */
+static int exec_filtered(char **cmd)
 {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_perf_event_open, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+        return 20;
+    execvp(cmd[0], cmd);
+    return 127;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 2 && !strcmp(argv[1], "exec"))
+        return exec_filtered(argv + 2);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = handler;
