@@ -137,6 +137,15 @@ static void churn_once(int i)
     free(r);
 }
 
+/* Allocates (N rounds), then prints LINE, flushed: it must be out before the process ends. */
+static void churn_then_say(int n, const char *line)
+{
+    for (int i = 0; i < n; i++)
+        churn_once(i);
+    printf("%s\n", line);
+    fflush(stdout);
+}
+
 static pthread_t main_thread;
 static atomic_int stop;
 
@@ -168,22 +177,22 @@ static const char *disposition(int sig)
     return sa.sa_handler == SIG_DFL ? "default" : sa.sa_handler == SIG_IGN ? "ignored" : "handler";
 }
 
-static void install(int sig, void (*fn)(int))
+static int install(int sig, void (*fn)(int), int flags)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = fn;
-    sa.sa_flags = SA_RESTART;
+    sa.sa_flags = flags;
     sigemptyset(&sa.sa_mask);
-    sigaction(sig, &sa, NULL);
+    return sigaction(sig, &sa, NULL);
 }
 
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "handlers";
     if (!strcmp(mode, "handlers")) {
-        install(SIGALRM, on_alarm);
-        install(SIGUSR1, on_usr1);
+        install(SIGALRM, on_alarm, SA_RESTART);
+        install(SIGUSR1, on_usr1, SA_RESTART);
         main_thread = pthread_self();
         struct itimerval it = { { 0, 500 }, { 0, 500 } };
         setitimer(ITIMER_REAL, &it, NULL);
@@ -201,10 +210,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(mode, "term")) {
-        for (int i = 0; i < 5000; i++)
-            churn_once(i);
-        printf("term: about to raise SIGTERM\n");
-        fflush(stdout);
+        churn_then_say(5000, "term: about to raise SIGTERM");
         raise(SIGTERM);
         printf("term: still alive?\n");
         return 1;
@@ -258,16 +264,10 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!strcmp(mode, "resethand")) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_term_once;
-        sa.sa_flags = SA_RESETHAND;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, NULL);
-        for (int i = 0; i < 2000; i++)
-            churn_once(i);
-        printf("resethand: SIGTERM %s; raising it\n", disposition(SIGTERM));
-        fflush(stdout);
+        install(SIGTERM, on_term_once, SA_RESETHAND);
+        char line[64];
+        snprintf(line, sizeof line, "resethand: SIGTERM %s; raising it", disposition(SIGTERM));
+        churn_then_say(2000, line);
         raise(SIGTERM);
         printf("resethand: still alive?\n");
         return 1;
@@ -275,22 +275,14 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "overflow")) {
         size_t size = getauxval(AT_MINSIGSTKSZ) > (size_t)SIGSTKSZ ? getauxval(AT_MINSIGSTKSZ) : (size_t)SIGSTKSZ;
         stack_t ss = { .ss_sp = malloc(size), .ss_size = size };
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_overflow;
-        sa.sa_flags = SA_ONSTACK;
-        sigemptyset(&sa.sa_mask);
-        if (!ss.ss_sp || sigaltstack(&ss, NULL) != 0 || sigaction(SIGSEGV, &sa, NULL) != 0)
+        if (!ss.ss_sp || sigaltstack(&ss, NULL) != 0 || install(SIGSEGV, on_overflow, SA_ONSTACK) != 0)
             return 1;
         printf("overflow: recursing\n");
         fflush(stdout);
         return (int)recurse(1);
     }
     if (!strcmp(mode, "abort")) {
-        for (int i = 0; i < 2000; i++)
-            churn_once(i);
-        printf("abort: calling abort()\n");
-        fflush(stdout);
+        churn_then_say(2000, "abort: calling abort()");
         abort();
     }
     if (!strcmp(mode, "sigset")) {
@@ -316,10 +308,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(mode, "segv")) {
-        for (int i = 0; i < 2000; i++)
-            churn_once(i);
-        printf("segv: writing through a bad pointer\n");
-        fflush(stdout);
+        churn_then_say(2000, "segv: writing through a bad pointer");
         *nowhere = 1;
         printf("segv: still alive?\n");
         return 1;
@@ -336,7 +325,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!strcmp(mode, "segv-caught")) {
-        install(SIGSEGV, on_segv);
+        install(SIGSEGV, on_segv, SA_RESTART);
         for (int i = 0; i < 100; i++) {
             churn_once(i);
             if (sigsetjmp(recover, 1) == 0)
@@ -347,7 +336,7 @@ int main(int argc, char **argv)
         return segvs == 100 ? 0 : 1;
     }
     if (!strcmp(mode, "exit-handler")) {
-        install(SIGUSR1, on_usr1_exit);
+        install(SIGUSR1, on_usr1_exit, SA_RESTART);
         printf("exit-handler: the SIGUSR1 handler will _exit(5)\n");
         fflush(stdout);
         main_thread = pthread_self();
@@ -358,7 +347,7 @@ int main(int argc, char **argv)
         }
     }
     if (!strcmp(mode, "mask")) {
-        install(SIGUSR1, on_usr1);
+        install(SIGUSR1, on_usr1, SA_RESTART);
         sigset_t block, old;
         sigemptyset(&block);
         sigaddset(&block, SIGUSR1);
@@ -373,7 +362,7 @@ int main(int argc, char **argv)
         return usr1s == 1 ? 0 : 1;
     }
     if (!strcmp(mode, "sigchld")) {
-        install(SIGCHLD, on_chld);
+        install(SIGCHLD, on_chld, SA_RESTART);
         static void *keep[256];
         for (int i = 0; i < 256; i++)
             keep[i] = malloc(64 << 10);
