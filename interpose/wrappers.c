@@ -164,7 +164,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         if (AL_LIKELY(_al_hot.records) && p)                                           \
             had = _al_waste_free(t, p, &undo);                                         \
         else if (p)                                                                    \
-            was_large = _al_mark_free(p);                                              \
+            was_large = _al_mark_free(t, p);                                           \
         unsigned large = (size) >= _al_hot.large_threshold;                            \
         AL_TIMED_CALL(op, large, size, target, void *r = _al_real.sym args);           \
         /* Failed: the old object is still the program's. */                           \
@@ -172,7 +172,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             if (had)                                                                   \
                 _al_waste_restore(t, p, &undo);                                        \
             else                                                                       \
-                _al_mark_alloc(p, 1);                                                  \
+                _al_mark_alloc(t, p, 1);                                               \
         }                                                                              \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
@@ -215,7 +215,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         t->busy = 1;                                                                   \
         unsigned large = !p ? 0 : AL_LIKELY(_al_hot.records) ? _al_waste_free(t, p, NULL) & 1 \
-                                                         : _al_mark_free(p);           \
+                                                         : _al_mark_free(t, p);        \
         AL_TIMED_CALL(op, large, 0, target, _al_real.sym args);                        \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \

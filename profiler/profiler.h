@@ -422,6 +422,7 @@ struct al_thread {
     int busy;        /* inside an interposed call: nested calls are forwarded, not counted;
                         AL_BUSY_EXITING once the thread's exit callback has run */
     int ending_signal;       /* one that came while busy, to be raised again by _al_unbusy */
+    struct al_shadow_cache region; /* the last region record this thread looked at */
     unsigned in_call;        /* inside the real allocator call: op * 2 + large + 1; else 0 */
     char sud_selector;       /* syscall user dispatch: block while in_call */
     unsigned tag;            /* 1..255: this thread in the shadow table's line entries */
@@ -683,7 +684,7 @@ AL_INLINE void _al_waste_countdown(struct al_thread *t, uint64_t req)
 AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, unsigned large, bool maybe_odd)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    struct al_shadow_region *r = _al_shadow_region_get(a);
+    struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, true);
     if (AL_UNLIKELY(r == NULL))
         return AL_REUSE_NEW;
     if (AL_UNLIKELY(large | maybe_odd | !_al_waste.has_table | !t->cls))
@@ -823,7 +824,7 @@ AL_INLINE void _al_waste_countback(struct al_thread *t, uint64_t req)
 AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_undo *undo)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    struct al_shadow_region *r = _al_shadow_region(a);
+    struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, false);
     if (AL_UNLIKELY(r == NULL))
         return 0;
     unsigned flags = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED);
@@ -852,10 +853,10 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
 /* --mode time: whether the address was returned before, and the mark a large object leaves
  * for its free. An allocation clears a mark left at its address by a large object freed
  * without us seeing it (realloc's old object is unmarked first). */
-AL_INLINE unsigned _al_mark_alloc(void *p, unsigned large)
+AL_INLINE unsigned _al_mark_alloc(struct al_thread *t, void *p, unsigned large)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    struct al_shadow_region *r = _al_shadow_region_get(a);
+    struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, true);
     if (AL_UNLIKELY(r == NULL))
         return AL_REUSE_NEW;
     bool seen = _al_shadow_seen(r, a);
@@ -868,10 +869,10 @@ AL_INLINE unsigned _al_mark_alloc(void *p, unsigned large)
 
 /* The object at p is about to be freed: whether it was large (sampled objects forgotten by
  * the sampler first). */
-AL_INLINE unsigned _al_mark_free(void *p)
+AL_INLINE unsigned _al_mark_free(struct al_thread *t, void *p)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
-    struct al_shadow_region *r = _al_shadow_region(a);
+    struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, false);
     if (AL_UNLIKELY(r == NULL))
         return 0;
     _al_sample_forget(p);
@@ -888,7 +889,7 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, u
     if (AL_LIKELY(p != NULL))
         reuse = AL_LIKELY(_al_hot.records)
                     ? _al_waste_alloc(t, p, size, large, op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW)
-                    : _al_mark_alloc(p, large);
+                    : _al_mark_alloc(t, p, large);
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
     _al_sample_countdown(t, size, p);
     _al_unbusy(t);

@@ -118,6 +118,28 @@ static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow
     return r;
 }
 
+/* A thread's last region: most of a thread's calls in a row are in the same MiB of heap, and
+ * one compare saves the walk from the directory (region records are never taken down, so a
+ * pointer kept stays good). Zeroed: nothing kept (no heap lies in the first MiB). */
+struct al_shadow_cache {
+    uint64_t key; /* address >> AL_SHADOW_REGION_SHIFT */
+    struct al_shadow_region *r;
+};
+
+static inline __attribute__((always_inline)) struct al_shadow_region *
+_al_shadow_region_cached(struct al_shadow_cache *c, uint64_t a, bool create)
+{
+    uint64_t key = a >> AL_SHADOW_REGION_SHIFT;
+    if (__builtin_expect(c->key == key && c->r != NULL, 1))
+        return c->r;
+    struct al_shadow_region *r = create ? _al_shadow_region_get(a) : _al_shadow_region(a);
+    if (r) {
+        c->key = key;
+        c->r = r;
+    }
+    return r;
+}
+
 #define AL_SHADOW_SEEN 1u
 #define AL_SHADOW_ODD 2u      /* class not the size table's: ask the allocator at free */
 #define AL_SHADOW_SAMPLED 4u
