@@ -204,6 +204,7 @@ struct al_thread *_al_thread_attach(void)
     }
     t->busy = 1;
     t->ending_signal = 0; /* a state copied into a fork child may hold its thread's */
+    t->region = (struct al_shadow_cache){ .key = AL_SHADOW_NO_KEY };
     _al_sampler_thread_init(t);
     _al_waste_thread_init(t);
     _al_thread_measure_init(t);

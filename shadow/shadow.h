@@ -120,17 +120,19 @@ static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow
 
 /* A thread's last region: most of a thread's calls in a row are in the same MiB of heap, and
  * one compare saves the walk from the directory (region records are never taken down, so a
- * pointer kept stays good). Zeroed: nothing kept (no heap lies in the first MiB). */
+ * pointer kept stays good). AL_SHADOW_NO_KEY: nothing kept yet. */
 struct al_shadow_cache {
     uint64_t key; /* address >> AL_SHADOW_REGION_SHIFT */
     struct al_shadow_region *r;
 };
 
+#define AL_SHADOW_NO_KEY UINT64_MAX /* no address shifts down to it */
+
 static inline __attribute__((always_inline)) struct al_shadow_region *
 _al_shadow_region_cached(struct al_shadow_cache *c, uint64_t a, bool create)
 {
     uint64_t key = a >> AL_SHADOW_REGION_SHIFT;
-    if (__builtin_expect(c->key == key && c->r != NULL, 1))
+    if (__builtin_expect(c->key == key, 1))
         return c->r;
     struct al_shadow_region *r = create ? _al_shadow_region_get(a) : _al_shadow_region(a);
     if (r) {
