@@ -110,35 +110,34 @@ void _al_process_start(void)
     set_mode(_al_settings.mode);
     _al_fds_init();
     _al_sampler_init(&_al_settings);
-    /* Started under a seccomp filter (a systemd service's SystemCallFilter, a sandbox): the
-     * events' perf_event_open and dispatch's prctl are calls such filters refuse, some by
+    /* Why the allocator's system calls, and the events, are not measured (NULL: they are).
+     * Started under a seccomp filter (a systemd service's SystemCallFilter, a sandbox), the
+     * dispatch's prctl and the events' perf_event_open are calls such filters refuse, some by
      * ending the process, so neither is made. */
-    bool filtered = _al_proc_status("Seccomp") > 0;
-    if (_al_hot.timed) {
-        _al_locks_init();
-        if (filtered)
-            snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                     "not under a seccomp filter, which may refuse the prctl that starts it");
-        else if (_al_settings.syscalls)
-            _al_syscalls_init();
-        else
-            snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                     "off (--syscalls 0)");
-        if (filtered) {
-            _al_counters.available = false;
-            snprintf(_al_counters.reason, sizeof _al_counters.reason,
-                     "not under a seccomp filter, which may refuse perf_event_open");
-        } else if (_al_settings.events && strcmp(_al_settings.events, "off") != 0) {
-            _al_counters_init(strcmp(_al_settings.events, "default") ? _al_settings.events : NULL,
-                              _al_settings.sample_every, _al_settings.event_attrs);
-        } else {
-            _al_counters.available = false;
-            snprintf(_al_counters.reason, sizeof _al_counters.reason, "off (--events off)");
-        }
+    const char *no_syscalls = NULL, *no_events = NULL;
+    if (!_al_hot.timed) {
+        no_syscalls = no_events = "not measured in --mode sample";
+    } else if (_al_proc_status("Seccomp") > 0) {
+        no_syscalls = "not under a seccomp filter, which may refuse the prctl that starts it";
+        no_events = "not under a seccomp filter, which may refuse perf_event_open";
     } else {
-        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason, "not measured in --mode sample");
+        if (!_al_settings.syscalls)
+            no_syscalls = "off (--syscalls 0)";
+        if (!_al_settings.events || strcmp(_al_settings.events, "off") == 0)
+            no_events = "off (--events off)";
+    }
+    if (_al_hot.timed)
+        _al_locks_init();
+    if (no_syscalls)
+        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason, "%s", no_syscalls);
+    else
+        _al_syscalls_init();
+    if (no_events) {
         _al_counters.available = false;
-        snprintf(_al_counters.reason, sizeof _al_counters.reason, "not measured in --mode sample");
+        snprintf(_al_counters.reason, sizeof _al_counters.reason, "%s", no_events);
+    } else {
+        _al_counters_init(strcmp(_al_settings.events, "default") ? _al_settings.events : NULL,
+                          _al_settings.sample_every, _al_settings.event_attrs);
     }
     if (t) {
         _al_sampler_thread_init(t);
