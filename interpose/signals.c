@@ -52,32 +52,44 @@ static bool dispatching(void)
     return _al_syscalls.dispatch;
 }
 
-static struct sigaction end_action(int sig);
+static int set_action(int sig, const struct sigaction *act, struct sigaction *old);
+static void end_by_signal(int sig, siginfo_t *si, void *ctx);
 
 /* The program's handler for SIG, installed as this one where we must step in: while system
  * calls are dispatched (its handler runs with the selector open), and for a handler of an
  * ending signal that asks for the default back on the way in (SA_RESETHAND, as node's for
  * SIGINT and SIGTERM, which then raise the signal again): the kernel would put SIG_DFL back,
- * past our wrappers; ours stands in for the default instead, so the raise writes the report. */
+ * past our wrappers; the program's SIG_DFL, set as the wrapper sets it, brings ours back
+ * instead, so the raise writes the report. */
 static void run_program_handler(int sig, siginfo_t *si, void *ctx)
 {
     struct al_thread *t = _al_tls;
     if (t)
         t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
     struct sigaction a = program[sig];
-    if (a.sa_flags & SA_RESETHAND) {
-        struct sigaction dfl = ending[sig] ? end_action(sig) : (struct sigaction){ .sa_handler = SIG_DFL };
-        real_sigaction(sig, &dfl, NULL);
-        program[sig] = (struct sigaction){ .sa_handler = SIG_DFL };
-    }
+    if (a.sa_flags & SA_RESETHAND)
+        set_action(sig, &(struct sigaction){ .sa_handler = SIG_DFL }, NULL);
     _al_signal_run(&a, sig, si, ctx);
 }
 
-/* Whether SIG can wait for the end of the call it interrupted: not a crash (a fault would come
- * again at once, and abort() goes on to its own default), only a request to stop. */
+static bool ours(const struct sigaction *a)
+{
+    return a->sa_sigaction == run_program_handler || a->sa_sigaction == end_by_signal;
+}
+
+static void put_default(int sig)
+{
+    struct sigaction dfl = { .sa_handler = SIG_DFL };
+    real_sigaction(sig, &dfl, NULL);
+}
+
+/* Whether SIG, one of _al_ending_signals, can wait for the end of the call it interrupted. */
 static bool can_wait(int sig)
 {
-    return sig != SIGABRT && sig != SIGSEGV && sig != SIGBUS && sig != SIGFPE && sig != SIGILL;
+    for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++)
+        if (_al_ending_signals[i].sig == sig)
+            return !_al_ending_signals[i].crash;
+    return false;
 }
 
 /* A signal the program leaves at its default is about to end the process. Inside one of our
@@ -103,8 +115,7 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
     _al_process_before_fatal_signal(sig, &_al_own_memory);
     /* Another thread may be writing the report already (a second signal, or exit). */
     _al_report_wait_written(2000);
-    struct sigaction dfl = { .sa_handler = SIG_DFL };
-    real_sigaction(sig, &dfl, NULL);
+    put_default(sig);
     sigset_t only;
     sigemptyset(&only);
     sigaddset(&only, sig);
@@ -133,7 +144,7 @@ void _al_signals_start(void)
         return; /* nothing to write at the end: the defaults stay as they are */
     struct sigaction cur;
     for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++) {
-        int sig = _al_ending_signals[i];
+        int sig = _al_ending_signals[i].sig;
         struct sigaction mine = end_action(sig);
         /* Ignored (nohup, a shell's background job) or handled already: left alone. */
         if (real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL &&
@@ -155,8 +166,7 @@ AL_EXPORT void abort(void)
     struct sigaction cur;
     if (ending[SIGABRT] && real_sigaction(SIGABRT, NULL, &cur) == 0 && cur.sa_sigaction == end_by_signal) {
         _al_process_before_fatal_signal(SIGABRT, &_al_own_memory);
-        struct sigaction dfl = { .sa_handler = SIG_DFL };
-        real_sigaction(SIGABRT, &dfl, NULL);
+        put_default(SIGABRT);
     }
     if (AL_LIKELY(real_abort != NULL))
         real_abort();
@@ -184,8 +194,7 @@ static int child_sigaction(int sig, const struct sigaction *act, struct sigactio
     if (sig == SIGSYS && _al_syscalls_owns_sigsys() && !(act && act->sa_handler == SIG_IGN))
         return _al_syscalls_program_sigaction(NULL, old);
     int r = real_sigaction(sig, act, old);
-    if (r == 0 && old && sig > 0 && sig < _NSIG &&
-        (old->sa_sigaction == run_program_handler || old->sa_sigaction == end_by_signal))
+    if (r == 0 && old && sig > 0 && sig < _NSIG && ours(old))
         *old = program[sig];
     return r;
 }
@@ -200,6 +209,13 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
         return _al_syscalls_program_sigaction(act, old);
     if (sig <= 0 || sig >= _NSIG || (!dispatching() && !ending[sig]))
         return real_sigaction(sig, act, old);
+    return set_action(sig, act, old);
+}
+
+/* sigaction for a signal whose handlers we step in for (while dispatching, or an ending one):
+ * the program's request recorded, and what stands in for it installed. */
+static int set_action(int sig, const struct sigaction *act, struct sigaction *old)
+{
     struct sigaction prev = program[sig];
     struct sigaction mine;
     const struct sigaction *use = act;
@@ -217,7 +233,7 @@ AL_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
     }
     int r = real_sigaction(sig, use, old);
     if (r == 0) {
-        if (old && (old->sa_sigaction == run_program_handler || old->sa_sigaction == end_by_signal))
+        if (old && ours(old))
             *old = prev;
         if (act)
             program[sig] = *act;

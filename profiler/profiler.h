@@ -1065,9 +1065,15 @@ bool _al_report_planned(void);
 void _al_report_wait_written(unsigned ms);
 /* The signals that end a process by default, asking it to stop, telling it it is over a limit
  * or that it crashed (SIGTRAP left out: debuggers): blocked while the report is written;
- * where the program leaves them at their default, they write it (signals.c). */
+ * where the program leaves them at their default, they write it (signals.c). A crash cannot
+ * wait for the end of one of our calls that it interrupted: a fault would come again at once,
+ * and abort() goes on to its own default. */
 #define AL_ENDING_SIGNALS 15
-extern const int _al_ending_signals[AL_ENDING_SIGNALS];
+struct al_ending_signal {
+    int sig;
+    bool crash;
+};
+extern const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS];
 void _al_report_forget_exec(void);
 void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
 

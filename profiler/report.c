@@ -20,10 +20,11 @@
 
 static _Atomic int written, finished;
 
-const int _al_ending_signals[AL_ENDING_SIGNALS] = {
-    SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2, /* asked to stop */
-    SIGXCPU, SIGXFSZ,                                                     /* over a limit */
-    SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL,                             /* crashed */
+const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS] = {
+    { SIGHUP, false }, { SIGINT, false }, { SIGQUIT, false }, { SIGPIPE, false }, /* asked to stop */
+    { SIGALRM, false }, { SIGTERM, false }, { SIGUSR1, false }, { SIGUSR2, false },
+    { SIGXCPU, false }, { SIGXFSZ, false },                                       /* over a limit */
+    { SIGABRT, true }, { SIGSEGV, true }, { SIGBUS, true }, { SIGFPE, true }, { SIGILL, true },
 };
 /* What stderr was when the image started: a program may close it and reuse fd 2 for a file
  * of its own, which must not receive our report. */
@@ -329,7 +330,7 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
     sigset_t ending, old;
     sigemptyset(&ending);
     for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++)
-        sigaddset(&ending, _al_ending_signals[i]);
+        sigaddset(&ending, _al_ending_signals[i].sig);
     pthread_sigmask(SIG_BLOCK, &ending, &old);
     write_on_own_stack(kind, has_status, status);
     atomic_store(&finished, 1);
