@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "profiler.h"
 
 static const struct {
     const char *name;
@@ -55,8 +56,7 @@ static bool is_shared_object(const char *path)
     if (fd < 0)
         return false;
     Elf64_Ehdr eh;
-    bool ok = read(fd, &eh, sizeof eh) == sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
-              eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_type == ET_DYN;
+    bool ok = _al_elf64_header(fd, &eh) && eh.e_type == ET_DYN;
     close(fd);
     return ok;
 }

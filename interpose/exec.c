@@ -11,8 +11,6 @@
 
 #include "interpose.h"
 
-extern char **environ;
-
 typedef int (*execve_fn)(const char *, char *const[], char *const[]);
 typedef int (*execv_fn)(const char *, char *const[]);
 typedef int (*fexecve_fn)(int, char *const[], char *const[]);
@@ -101,7 +99,7 @@ AL_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_a
 {
     if (AL_UNLIKELY(!next.posix_spawn))
         return ENOSYS;
-    _al_process_before_spawn(path, false, envp);
+    _al_process_say_unreachable(path, false, envp);
     return next.posix_spawn(pid, path, actions, attr, argv, envp);
 }
 
@@ -110,7 +108,7 @@ AL_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_
 {
     if (AL_UNLIKELY(!next.posix_spawnp))
         return ENOSYS;
-    _al_process_before_spawn(file, true, envp);
+    _al_process_say_unreachable(file, true, envp);
     return next.posix_spawnp(pid, file, actions, attr, argv, envp);
 }
 

@@ -26,7 +26,7 @@ void _al_fds_init(void)
     top = cur >= 1024 ? (int)((cur < 4096 ? cur : 4096) - 16) : base;
 }
 
-static int move(int fd, int at)
+int _al_fd_move_up(int fd, int at)
 {
     if (fd < 0 || fd >= at)
         return fd;
@@ -39,10 +39,10 @@ static int move(int fd, int at)
 
 int _al_fd_high(int fd)
 {
-    return move(fd, base);
+    return _al_fd_move_up(fd, base);
 }
 
 int _al_fd_top(int fd)
 {
-    return move(fd, top);
+    return _al_fd_move_up(fd, top);
 }

@@ -99,8 +99,13 @@ int _al_option_parse_num(const struct al_option *o, const char *text, long long 
  * put there with setenv (tcmalloc's does): every other variable would look unset. */
 const char *_al_env(const char *name)
 {
+    return _al_env_in(environ, name);
+}
+
+const char *_al_env_in(char *const env[], const char *name)
+{
     size_t n = strlen(name);
-    for (char **e = environ; e && *e; e++)
+    for (char *const *e = env; e && *e; e++)
         if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
             return *e + n + 1;
     return NULL;

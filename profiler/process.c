@@ -196,19 +196,11 @@ bool _al_process_shared_child(void)
     return image_pid && !own_process();
 }
 
-/* Valgrind's launcher execs its tool, a static program, naming itself in this variable: the
- * tool then loads the program itself, LD_PRELOAD and all. */
-static bool valgrind_tool(char *const envp[])
+void _al_process_say_unreachable(const char *file, bool search, char *const envp[])
 {
-    for (char *const *e = envp; e && *e; e++)
-        if (strncmp(*e, "VALGRIND_LAUNCHER=", 18) == 0)
-            return true;
-    return false;
-}
-
-void _al_process_before_spawn(const char *file, bool search, char *const envp[])
-{
-    if (!started || !_al_report_planned() || valgrind_tool(envp))
+    /* Valgrind's launcher execs its tool, a static program, naming itself in VALGRIND_LAUNCHER:
+     * the tool then loads the program itself, LD_PRELOAD and all. */
+    if (!started || !_al_report_planned() || _al_env_in(envp, "VALGRIND_LAUNCHER"))
         return;
     const char *unreachable = _al_preload_unreachable(file, search);
     if (unreachable)
@@ -217,7 +209,7 @@ void _al_process_before_spawn(const char *file, bool search, char *const envp[])
 
 void _al_process_before_exec(const char *file, bool search, char *const envp[])
 {
-    _al_process_before_spawn(file, search, envp);
+    _al_process_say_unreachable(file, search, envp);
     if (own_process())
         _al_report_write(AL_REPORT_EXEC, false, 0);
 }

@@ -6,6 +6,7 @@
 #ifndef ALLOCLENS_PROFILER_H
 #define ALLOCLENS_PROFILER_H
 
+#include <elf.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -331,15 +332,21 @@ void _al_settings_load(struct al_settings *s);
 /* NAME's value in the process's environment (environ itself, not the program's getenv), or
  * NULL. */
 const char *_al_env(const char *name);
+/* The same in the environment ENV (an exec's). */
+const char *_al_env_in(char *const env[], const char *name);
 
 /* reach.c: why LD_PRELOAD cannot reach the program CMD (a path, or with SEARCH a name looked
  * up in PATH as execvp does), as "is ...", or NULL when it can (or CMD is not found). */
 const char *_al_preload_unreachable(const char *cmd, bool search);
+/* Whether FD is a 64-bit ELF file, its header read into *EH. */
+bool _al_elf64_header(int fd, Elf64_Ehdr *eh);
 /* ---- fds.c: our descriptors, above the program's ------------------------------------------- */
 
 void _al_fds_init(void);
-/* FD moved up out of the program's way (closed, its close-on-exec copy returned), or FD as it
- * came where there is no room; _al_fd_top higher still, for libunwind's pipe. */
+/* FD moved to AT or above (closed, its close-on-exec copy returned), or FD as it came where
+ * there is no room. _al_fd_high: out of the program's way; _al_fd_top: higher still, for
+ * libunwind's pipe. */
+int _al_fd_move_up(int fd, int at);
 int _al_fd_high(int fd);
 int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
@@ -962,8 +969,9 @@ void _al_process_start(void); /* from our constructor, once libc is set up */
  * environment ENVP: the report of this image first, and a line when the new image will write
  * none because LD_PRELOAD cannot reach it. */
 void _al_process_before_exec(const char *file, bool search, char *const envp[]);
-/* posix_spawn is about to exec FILE in a new process: a line if LD_PRELOAD cannot reach it. */
-void _al_process_before_spawn(const char *file, bool search, char *const envp[]);
+/* FILE is about to be exec'd (here, or in a new process by posix_spawn): a line if LD_PRELOAD
+ * cannot reach it, so its report will be missing. */
+void _al_process_say_unreachable(const char *file, bool search, char *const envp[]);
 void _al_process_exec_failed(void);
 /* A process other than the image's own that never ran our fork handlers: a vfork child, whose
  * writes to our memory land in its parent's (or a child of a raw clone, taken for one). */

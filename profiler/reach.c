@@ -16,14 +16,19 @@
 
 #include "profiler.h"
 
+bool _al_elf64_header(int fd, Elf64_Ehdr *eh)
+{
+    return pread(fd, eh, sizeof *eh, 0) == (ssize_t)sizeof *eh && memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 &&
+           eh->e_ident[EI_CLASS] == ELFCLASS64;
+}
+
 static bool statically_linked(const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return false;
     Elf64_Ehdr eh;
-    bool elf = pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
-               eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr);
+    bool elf = _al_elf64_header(fd, &eh) && eh.e_phentsize == sizeof(Elf64_Phdr);
     bool interp = false;
     for (unsigned i = 0; elf && !interp && i < eh.e_phnum; i++) {
         Elf64_Phdr ph;

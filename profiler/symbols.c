@@ -12,7 +12,6 @@
  * symbol table through dladdr, which costs nothing. */
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -247,10 +246,11 @@ static void table_free(void)
  * are then made from it, whatever order they are made in. */
 static int above_stdio(int fd)
 {
-    if (fd < 0 || fd > 2)
-        return fd;
-    int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-    close(fd);
+    int moved = _al_fd_move_up(fd, 3);
+    if (moved >= 0 && moved < 3) {
+        close(moved);
+        return -1;
+    }
     return moved;
 }
 
