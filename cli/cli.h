@@ -56,5 +56,7 @@ int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, 
 /* Whether PATH (SHOWN in the message) can be written: 0, or one line naming WHAT ("the
  * report") and -1. A file it had to create is removed again. */
 int _al_cli_check_writable(const char *path, const char *shown, const char *what);
+/* 0 when MODE names a mode (full, time, sample), else -1 after one line saying it does not. */
+int _al_cli_check_mode(const char *mode);
 
 #endif

@@ -481,10 +481,8 @@ int _al_cli_cmd_compare(int argc, char **argv)
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             output = v;
         } else if (!strcmp(a, "--mode")) {
-            if (_al_mode_parse(v) < 0) {
-                fprintf(stderr, "alloclens: --mode takes full, time or sample, not '%s'\n", v);
+            if (_al_cli_check_mode(v) < 0)
                 return 2;
-            }
             mode = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--runs")) {
             char *end;

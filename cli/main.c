@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "cli.h"
+#include "profiler.h"
 
 
 static void usage(FILE *f)
@@ -60,6 +61,14 @@ int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, 
     }
     snprintf(out, cap, "%s/%s", ALLOCLENS_INSTALL_LIBDIR, install_name);
     return access(out, R_OK) == 0 ? 0 : -1;
+}
+
+int _al_cli_check_mode(const char *mode)
+{
+    if (_al_mode_parse(mode) >= 0)
+        return 0;
+    fprintf(stderr, "alloclens: --mode takes full, time or sample, not '%s'\n", mode);
+    return -1;
 }
 
 int _al_cli_check_writable(const char *path, const char *shown, const char *what)

@@ -84,10 +84,8 @@ static int absolute_output(const char *path, char *out, size_t cap)
 
 static int set_value(const struct al_option *o, const char *value)
 {
-    if (o == &_al_options[AL_OPT_MODE] && _al_mode_parse(value) < 0) {
-        fprintf(stderr, "alloclens: --mode takes full, time or sample, not '%s'\n", value);
+    if (o == &_al_options[AL_OPT_MODE] && _al_cli_check_mode(value) < 0)
         return -1;
-    }
     if (o->type != AL_OPT_STRING) {
         long long v;
         int r = _al_option_parse_num(o, value, &v);

@@ -340,6 +340,10 @@ const char *_al_env_in(char *const env[], const char *name);
 const char *_al_preload_unreachable(const char *cmd, bool search);
 /* Whether FD is a 64-bit ELF file, its header read into *EH. */
 bool _al_elf64_header(int fd, Elf64_Ehdr *eh);
+/* Whether this process runs a Go program (cgo's): its runtime ends the process with a system
+ * call of its own, past the C library's exit handlers that write the report. */
+bool _al_program_is_go(void);
+
 /* ---- fds.c: our descriptors, above the program's ------------------------------------------- */
 
 void _al_fds_init(void);
@@ -352,10 +356,6 @@ int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
 extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
-
-/* Whether this process runs a Go program (cgo's): its runtime ends the process with a system
- * call of its own, past the C library's exit handlers that write the report. */
-bool _al_program_is_go(void);
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 
