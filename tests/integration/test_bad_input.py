@@ -362,15 +362,22 @@ def test_cli_usage(tap):
                f"missing {missing}\n{show(p)}")
 
 
+def unchanged(tap, desc, argv, out, status, text_off=True):
+    """ARGV run plain and under `alloclens run -o OUT` (--text off unless TEXT_OFF is False):
+    the same stdout, and exit STATUS both times (DESC says so). Returns the profiled run."""
+    plain = run(argv)
+    p = run([altest.cli(), "run", "-o", out, *(["--text", "off"] if text_off else []), "--", *argv])
+    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
+           and p.returncode == plain.returncode == status, desc, show(p))
+    return p
+
+
 def unreachable_program(tap, what, prog, status, said):
     """PROG, which LD_PRELOAD cannot reach, under `alloclens run`: its output and exit status
     (STATUS) its own, one line saying SAID and that there is no report, and none written."""
     out = os.path.join(tmpdir(), "r.json")
-    plain = run([prog, str(status), "100"])
-    p = run([altest.cli(), "run", "-o", out, "--", prog, str(status), "100"])
-    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
-           and p.returncode == plain.returncode == status,
-           f"run -- {what}: its output and exit status unchanged", show(p))
+    p = unchanged(tap, f"run -- {what}: its output and exit status unchanged",
+                  [prog, str(status), "100"], out, status, text_off=False)
     one_line(tap, f"run -- {what}", p, said, "no report", status=status)
     tap.ok(not os.path.exists(out), f"run -- {what}: no report file")
 
@@ -420,11 +427,7 @@ def test_go_program(tap):
     for args, status in (([], 0), (["exit"], 3)):
         out = os.path.join(tmp, f"r{len(args)}.json")
         what = f"run -- a Go program{' ending with C exit(3)' if args else ''}"
-        plain = run([prog, *args])
-        p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", prog, *args])
-        tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
-               and p.returncode == plain.returncode == status,
-               f"{what}: its output and exit status unchanged", show(p))
+        p = unchanged(tap, f"{what}: its output and exit status unchanged", [prog, *args], out, status)
         one_line(tap, what, p, "Go program", "no report at its end", status=status)
         rep = load(out)
         if args:
@@ -439,11 +442,8 @@ def test_own_malloc(tap):
     line saying nothing can stand in front of its allocator, and a report that says the same
     (the allocator named for the program, the config for the allocator asked for not used)."""
     out = os.path.join(tmpdir(), "r.json")
-    plain = run([OWN_MALLOC])
-    p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", OWN_MALLOC])
-    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
-           and p.returncode == plain.returncode == 3,
-           "run -- a program with its own malloc: its output and exit status unchanged", show(p))
+    p = unchanged(tap, "run -- a program with its own malloc: its output and exit status unchanged",
+                  [OWN_MALLOC], out, 3)
     one_line(tap, "run -- a program with its own malloc", p, "defines malloc itself", OWN_MALLOC, status=3)
     rep = load(out)
     alloc = (rep or {}).get("allocator", {})
@@ -460,19 +460,13 @@ def test_static_program(tap):
     # Exec'd by the profiled program: its report will be missing, and one line says so.
     tmp = tmpdir()
     out = os.path.join(tmp, "r.json")
-    plain = run([EXEC, "leaf", STATIC])
-    p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", EXEC, "leaf", STATIC])
-    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
-           and p.returncode == plain.returncode == 0,
-           "a statically linked program exec'd: output and exit status unchanged", show(p))
+    p = unchanged(tap, "a statically linked program exec'd: output and exit status unchanged",
+                  [EXEC, "leaf", STATIC], out, 0)
     one_line(tap, "a statically linked program exec'd", p, "statically linked", "no report",
              os.path.basename(STATIC))
     # Started by posix_spawn and posix_spawnp, which exec inside the C library: a line each.
-    plain = run([EXEC, "spawn", STATIC])
-    p = run([altest.cli(), "run", "-o", out, "--text", "off", "--", EXEC, "spawn", STATIC])
-    tap.ok(p is not None and plain is not None and p.stdout == plain.stdout
-           and p.returncode == plain.returncode == 0,
-           "a statically linked program posix_spawn'd: output and exit status unchanged", show(p))
+    p = unchanged(tap, "a statically linked program posix_spawn'd: output and exit status unchanged",
+                  [EXEC, "spawn", STATIC], out, 0)
     lines = [] if p is None else [l for l in p.stderr.splitlines() if "statically linked" in l]
     tap.ok(len(lines) == 2 and lines[0].split()[1] == STATIC and lines[1].split()[1] == os.path.basename(STATIC)
            and all("no report" in l for l in lines),

@@ -147,26 +147,25 @@ def check_sh(tap, desc, main, sides, stdout, stderr):
            f"{[(r['program'].get('argv'), report_vallocs(r)) for r in sides]}")
 
 
-def check_in_malloc(tap, desc, main, sides, stdout, stderr):
-    """host_quick_exit in-malloc: _exit(7) from a handler that most likely interrupted the
-    allocator (holding its lock): either the report, written without the allocator, with exit
-    status 7, or one line saying why there is none."""
-    said = b"no report for this process" in stderr
-    tap.ok((main is not None and main["program"].get("exit_status") == 7 and not said)
-           or (main is None and said),
-           f"{desc}: the report with exit status 7, or a line saying why not",
-           f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+def report_or_why(key, value, what):
+    """A check for a process that most likely ended inside an allocator call: either the report
+    is there with program.KEY == VALUE (WHAT says so), or one line says why there is none."""
+    def check(tap, desc, main, sides, stdout, stderr):
+        said = b"no report for this process" in stderr
+        tap.ok((main is not None and main["program"].get(key) == value and not said)
+               or (main is None and said),
+               f"{desc}: {what}, or a line saying why not",
+               f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+    return check
 
 
-def check_overflow(tap, desc, main, sides, stdout, stderr):
-    """host_signals overflow: abort() from a handler on a small alternate stack: the report
-    (written on the caller's stack before the default is put back), or, where the overflow came
-    inside an allocator call, one line saying why there is none."""
-    said = b"no report for this process" in stderr
-    tap.ok((main is not None and main["program"].get("signal") == signal.SIGABRT and not said)
-           or (main is None and said),
-           f"{desc}: the report, ended by SIGABRT, or a line saying why not",
-           f"report: {None if main is None else main['program']}; stderr: {stderr[-500:]!r}")
+# host_quick_exit in-malloc: _exit(7) from a handler that most likely interrupted the allocator
+# (holding its lock); the report, if any, was written without the allocator.
+check_in_malloc = report_or_why("exit_status", 7, "the report with exit status 7")
+# host_signals overflow: abort() from a handler on a small alternate stack; the report is
+# written on the caller's stack before the default is put back, unless the overflow came
+# inside an allocator call.
+check_overflow = report_or_why("signal", signal.SIGABRT, "the report, ended by SIGABRT")
 
 
 CASES = [
