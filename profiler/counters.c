@@ -36,13 +36,22 @@ struct al_counters_config _al_counters = { .sample_every = 1 };
 
 #define SAMPLE_EVERY_MAX 1000000u
 
-
-/* An event on this thread, its descriptor out of the program's way (fds.c). */
-static long perf_open(struct perf_event_attr *attr, int group_fd)
+/* An event on this thread, its descriptor out of the program's way (fds.c), and its id into
+ * *ID (NULL: not wanted); -1 with errno set, nothing left open, when either fails. */
+static long perf_open(struct perf_event_attr *attr, int group_fd, uint64_t *id)
 {
     long fd = syscall(SYS_perf_event_open, attr, 0 /* this thread */, -1 /* any cpu */, group_fd,
                       PERF_FLAG_FD_CLOEXEC);
-    return fd < 0 ? fd : _al_fd_high((int)fd);
+    if (fd < 0)
+        return fd;
+    fd = _al_fd_high((int)fd);
+    if (id && ioctl((int)fd, PERF_EVENT_IOC_ID, id) != 0) {
+        int e = errno;
+        close((int)fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
 }
 
 /* Closes FD only if it is still the event ID: a program may close every descriptor it did not
@@ -107,10 +116,10 @@ static int probe(struct al_event *ev, bool *user_only)
     a.disabled = 1;
     if (is_software(&a))
         a.exclude_kernel = 0;
-    long fd = perf_open(&a, -1);
+    long fd = perf_open(&a, -1, NULL);
     if (fd < 0 && is_software(&a) && is_denied(errno)) {
         a.exclude_kernel = 1;
-        fd = perf_open(&a, -1);
+        fd = perf_open(&a, -1, NULL);
         if (fd >= 0)
             *user_only = true;
     }
@@ -390,12 +399,10 @@ static int open_ring(struct al_thread_counters *c, bool switches)
     a.sample_type = PERF_SAMPLE_TIME;
     a.watermark = 1;
     a.wakeup_watermark = AL_RING_PAGES * (uint32_t)page_size();
-    long fd = perf_open(&a, -1);
+    long fd = perf_open(&a, -1, &c->ring_id);
     if (fd < 0)
         return errno ? errno : EINVAL;
     c->ring_fd = (int)fd;
-    if (ioctl((int)fd, PERF_EVENT_IOC_ID, &c->ring_id) != 0)
-        return errno ? errno : EINVAL;
     void *base = mmap(NULL, (1 + AL_RING_PAGES) * page_size(), PROT_READ | PROT_WRITE, MAP_SHARED,
                       (int)fd, 0);
     if (base == MAP_FAILED)
@@ -441,12 +448,10 @@ static int open_set(struct al_thread_counters *c, unsigned *failed)
             a.sample_type = PERF_SAMPLE_IDENTIFIER;
         }
         *failed = i;
-        long fd = perf_open(&a, ev->kind == AL_EV_HARDWARE ? leader : -1);
+        long fd = perf_open(&a, ev->kind == AL_EV_HARDWARE ? leader : -1, &c->id[i]);
         if (fd < 0)
             return errno ? errno : EINVAL;
         c->fd[i] = (int)fd;
-        if (ioctl((int)fd, PERF_EVENT_IOC_ID, &c->id[i]) != 0)
-            return errno ? errno : EINVAL;
         if (ev->kind == AL_EV_RING) {
             if (ioctl((int)fd, PERF_EVENT_IOC_SET_OUTPUT, c->ring_fd) != 0)
                 return errno ? errno : EINVAL;

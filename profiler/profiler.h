@@ -600,11 +600,18 @@ AL_INLINE size_t _al_table_pages(uint32_t rows, size_t row_bytes)
     return (rows * row_bytes + 4095) / 4096;
 }
 
-/* Whether ROW of a table whose rows are ROW_BYTES long is on a page WRITTEN marks. */
+/* Whether ROW of a table whose rows are ROW_BYTES long is on a page WRITTEN marks; and marking
+ * it so. */
 AL_INLINE bool _al_table_row_written(const uint64_t *written, uint32_t row, size_t row_bytes)
 {
     size_t page = row * row_bytes / 4096;
     return (written[page / 64] >> (page % 64)) & 1;
+}
+
+AL_INLINE void _al_table_mark_row(uint64_t *written, uint32_t row, size_t row_bytes)
+{
+    size_t page = row * row_bytes / 4096;
+    written[page / 64] |= 1ull << (page % 64);
 }
 
 struct al_waste_snapshot {

@@ -95,9 +95,10 @@ static void clear_state(struct al_thread *t, bool forget_hist)
     t->nheld = 0;
     if (forget_hist)
         memset(t->hist, 0, sizeof t->hist);
-    for (unsigned i = 0; !forget_hist && i < AL_ROWS; i++)
-        if (t->hist[i])
-            memset(t->hist[i], 0, ROW_HIST_BYTES);
+    else
+        for (unsigned i = 0; i < AL_ROWS; i++)
+            if (t->hist[i])
+                memset(t->hist[i], 0, ROW_HIST_BYTES);
     t->spawned = 0;
 }
 

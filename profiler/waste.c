@@ -264,8 +264,7 @@ static void store_row(struct al_waste_snapshot *s, uint32_t i, const int64_t *sr
     if (memcmp(s->cls[i], src, sizeof *s->cls) == 0)
         return;
     memcpy(s->cls[i], src, sizeof *s->cls);
-    size_t page = i * sizeof *s->cls / 4096;
-    s->pages[page / 64] |= 1ull << (page % 64);
+    _al_table_mark_row(s->pages, i, sizeof *s->cls);
 }
 
 /* The freed bytes not yet taken again by their class are not all in the heap when the

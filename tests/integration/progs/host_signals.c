@@ -169,6 +169,14 @@ static void *spinner(void *arg)
     return NULL;
 }
 
+/* Four threads allocating without pause, given a moment to get going. */
+static void start_spinners(pthread_t t[4])
+{
+    for (long k = 0; k < 4; k++)
+        pthread_create(&t[k], NULL, spinner, (void *)(k * 1000));
+    usleep(20000);
+}
+
 static const char *disposition(int sig)
 {
     struct sigaction sa;
@@ -218,9 +226,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "term-threads") || !strcmp(mode, "term-busy")) {
         bool busy = !strcmp(mode, "term-busy");
         pthread_t t[4];
-        for (long k = 0; k < 4; k++)
-            pthread_create(&t[k], NULL, spinner, (void *)(k * 1000));
-        usleep(20000);
+        start_spinners(t);
         printf("%s: sending SIGTERM to %s\n", mode, busy ? "an allocating thread" : "the process");
         fflush(stdout);
         if (busy)
@@ -231,14 +237,11 @@ int main(int argc, char **argv)
             pause();
     }
     if (!strcmp(mode, "pipe")) {
-        for (int i = 0; i < 3000; i++)
-            churn_once(i);
+        churn_then_say(3000, "pipe: writing to a pipe nobody reads");
         int p[2];
         if (pipe(p) != 0)
             return 1;
         close(p[0]);
-        printf("pipe: writing to a pipe nobody reads\n");
-        fflush(stdout);
         ssize_t w = write(p[1], "x", 1);
         printf("pipe: still alive? %zd\n", w);
         return 1;
@@ -315,9 +318,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "fpe-threads")) {
         pthread_t t[4];
-        for (long k = 0; k < 4; k++)
-            pthread_create(&t[k], NULL, spinner, (void *)(k * 1000));
-        usleep(20000);
+        start_spinners(t);
         printf("fpe-threads: dividing by zero while 4 threads allocate\n");
         fflush(stdout);
         volatile int zero = 0;

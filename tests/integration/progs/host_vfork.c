@@ -15,6 +15,16 @@
 
 extern char **environ;
 
+/* The status the child PID (as vfork returned it) ended with, 128 + N for signal N; -1 when
+ * there is no such child. */
+static int wait_for(pid_t pid)
+{
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 __attribute__((noinline)) static int run(const char *path, char *const argv[])
 {
     pid_t pid = vfork();
@@ -22,12 +32,7 @@ __attribute__((noinline)) static int run(const char *path, char *const argv[])
         execve(path, argv, environ);
         _exit(errno == ENOENT ? 127 : 126);
     }
-    if (pid < 0)
-        return -1;
-    int status;
-    if (waitpid(pid, &status, 0) != pid)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return wait_for(pid);
 }
 
 __attribute__((noinline)) static int vfork_exit(int code)
@@ -35,10 +40,7 @@ __attribute__((noinline)) static int vfork_exit(int code)
     pid_t pid = vfork();
     if (pid == 0)
         _exit(code);
-    int status;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid)
-        return -1;
-    return WEXITSTATUS(status);
+    return wait_for(pid);
 }
 
 static volatile sig_atomic_t chlds, usr1s;
@@ -67,10 +69,7 @@ __attribute__((noinline)) static int run_with_defaults(void)
         execve("/bin/true", t, environ);
         _exit(126);
     }
-    int status;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid)
-        return -1;
-    return WEXITSTATUS(status);
+    return wait_for(pid);
 }
 
 int main(void)
