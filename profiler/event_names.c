@@ -100,37 +100,32 @@ static int hex_digit(char c)
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-static bool load(const char *text)
+/* Nothing is kept from TEXT unless all of it reads. */
+bool _al_event_names_load(const char *text)
 {
+    unsigned n = 0;
     nahead = 0;
     for (const char *p = text; p && *p;) {
         const char *end = strchr(p, ';');
         size_t len = end ? (size_t)(end - p) : strlen(p), hex = 2 * sizeof(struct perf_event_attr);
-        if (nahead == AHEAD_MAX || len <= hex + 1 || p[hex] != '=' || len - hex - 1 >= sizeof ahead[0].name)
+        if (n == AHEAD_MAX || len <= hex + 1 || p[hex] != '=' || len - hex - 1 >= sizeof ahead[0].name)
             return false;
-        unsigned char *b = (unsigned char *)&ahead[nahead].attr;
+        unsigned char *b = (unsigned char *)&ahead[n].attr;
         for (size_t i = 0; i < sizeof(struct perf_event_attr); i++) {
             int hi = hex_digit(p[2 * i]), lo = hex_digit(p[2 * i + 1]);
             if (hi < 0 || lo < 0)
                 return false;
             b[i] = (unsigned char)(hi << 4 | lo);
         }
-        if (ahead[nahead].attr.size != sizeof(struct perf_event_attr))
+        if (ahead[n].attr.size != sizeof(struct perf_event_attr))
             return false;
-        memcpy(ahead[nahead].name, p + hex + 1, len - hex - 1);
-        ahead[nahead].name[len - hex - 1] = '\0';
-        nahead++;
+        memcpy(ahead[n].name, p + hex + 1, len - hex - 1);
+        ahead[n].name[len - hex - 1] = '\0';
+        n++;
         p += len + (end != NULL);
     }
+    nahead = n;
     return true;
-}
-
-bool _al_event_names_load(const char *text)
-{
-    bool ok = load(text);
-    if (!ok)
-        nahead = 0;
-    return ok;
 }
 
 int _al_event_resolve(const char *name, struct perf_event_attr *attr, char *err, size_t errcap)
