@@ -326,6 +326,19 @@ def add_memory(row, mem):
 
 # --------------------------------------------------------------------------- malloc_bench
 
+def add_medians(row, p, q, scale=1):
+    """The plain runs P and profiled runs Q (divided by SCALE), their medians and the ratio,
+    into ROW; whether there were profiled runs."""
+    row["plain"] = statistics.median(p) / scale
+    row["plain_runs"] = [x / scale for x in p]
+    if not q:
+        return False
+    row["profiled"] = statistics.median(q) / scale
+    row["profiled_runs"] = [x / scale for x in q]
+    row["ratio"] = row["profiled"] / row["plain"]
+    return True
+
+
 def bench_malloc(b, name, path, threads, ops):
     args = b.args
     cmd = [b.malloc_bench, str(threads), str(ops), str(args.seed)]
@@ -359,12 +372,7 @@ def bench_malloc(b, name, path, threads, ops):
         row["notes"].append(f"call counts differed between runs: {sorted(calls_seen)}")
     calls = max(calls_seen)
     row["calls"] = calls
-    row["plain"] = statistics.median(p) / 1e6
-    row["plain_runs"] = [x / 1e6 for x in p]
-    if q:
-        row["profiled"] = statistics.median(q) / 1e6
-        row["profiled_runs"] = [x / 1e6 for x in q]
-        row["ratio"] = row["profiled"] / row["plain"]
+    if add_medians(row, p, q, 1e6):
         par = min(threads, b.ncpus)
         row["added_ns"] = (statistics.median(q) - statistics.median(p)) * par / calls
         set_targets(row, b.target_ratio_malloc, b.target_ns)
@@ -396,12 +404,8 @@ def bench_pair(b, name, path):
     p, q, err = alternate(args.runs, plain, prof, f"{name} malloc+free pair", b.cli is not None,
                           b.deadline)
     row = {"allocator": name, "workload": "malloc+free pair", "unit": "ns", "kind": "time",
-           "error": err, "notes": [], "plain": statistics.median(p), "plain_runs": p,
-           "rdtsc_pair_ns": statistics.median(tsc)}
-    if q:
-        row["profiled"] = statistics.median(q)
-        row["profiled_runs"] = q
-        row["ratio"] = row["profiled"] / row["plain"]
+           "error": err, "notes": [], "rdtsc_pair_ns": statistics.median(tsc)}
+    if add_medians(row, p, q):
         row["added_ns"] = (row["profiled"] - row["plain"]) / 2    # two calls per pair
         set_targets(row, None, b.target_ns)
     return row
@@ -450,12 +454,8 @@ def bench_program(b, name, path, workload, cmd, parse=None):
     p, q, err = alternate(b.args.runs, plain, prof, f"{name} {workload}", b.cli is not None,
                           b.deadline)
     row = {"allocator": name, "workload": workload, "unit": "ms", "kind": "time",
-           "error": err, "notes": [], "plain": statistics.median(p) / 1e6,
-           "plain_runs": [x / 1e6 for x in p]}
-    if q:
-        row["profiled"] = statistics.median(q) / 1e6
-        row["profiled_runs"] = [x / 1e6 for x in q]
-        row["ratio"] = row["profiled"] / row["plain"]
+           "error": err, "notes": []}
+    if add_medians(row, p, q, 1e6):
         set_targets(row, b.target_ratio_program, None)
     add_memory(row, mem)
     return row
