@@ -1,6 +1,6 @@
 /* interpose/ internal API: the resolved forwarding targets, the slow entry, the bootstrap
  * pool. The exported entry points themselves live in wrappers.c (allocation), threads.c,
- * exec.c, exit.c, locks.c and signals.c. */
+ * exec.c, exit.c, fds.c, locks.c, seccomp.c and signals.c. */
 #ifndef ALLOCLENS_INTERPOSE_H
 #define ALLOCLENS_INTERPOSE_H
 
@@ -40,10 +40,11 @@ static inline size_t _al_mul_size(size_t k, size_t n)
     return __builtin_mul_overflow(k, n, &r) ? SIZE_MAX : r;
 }
 
-/* exec.c, exit.c, threads.c, locks.c, signals.c: their forwarding targets, resolved with the
- * rest at start-up */
+/* exec.c, exit.c, fds.c, seccomp.c, threads.c, locks.c, signals.c: their forwarding targets,
+ * resolved with the rest at start-up */
 void _al_exec_resolve(void);
 void _al_fds_resolve(void);
+void _al_seccomp_resolve(void);
 void _al_exit_resolve(void);
 void _al_exit_start(void); /* from our constructor: registers the quick_exit handler */
 void _al_threads_resolve(void);

@@ -470,7 +470,8 @@ static int open_set(struct al_thread_counters *c, unsigned *failed)
 
 static AL_COLD void open_group(struct al_thread_counters *c)
 {
-    if (!_al_counters.available || _al_counters.nevents == 0) {
+    if (!_al_counters.available || _al_counters.nevents == 0 ||
+        atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed)) {
         c->state = -1;
         return;
     }

@@ -405,6 +405,28 @@ struct al_syscalls_state {
 
 extern struct al_syscalls_state _al_syscalls;
 
+/* ---- seccomp.c: the program's own seccomp filters ------------------------------------------ */
+
+struct sock_filter;
+struct sock_fprog;
+struct seccomp_data;
+
+/* True from the moment the program starts installing a seccomp filter (as long as one it
+ * installed holds): later threads start no syscall user dispatch and no event counting. */
+extern _Atomic bool _al_seccomp_on;
+
+/* Around the program's install of a filter (PROG; STRICT: strict mode): the first returns
+ * what the second needs, which keeps a copy of the filter if OK (it was installed). */
+bool _al_seccomp_installing(void);
+void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog, bool ok);
+/* Why a report cannot be written now (NULL: it can): a system call it takes that a filter the
+ * program installed would refuse. *CAN_SAY: whether a line on stderr may still be written. */
+const char *_al_seccomp_refuses_report(bool *can_say);
+/* What the report says of the syscall and counter sections once a filter is on; NULL before. */
+const char *_al_seccomp_note(void);
+/* The action filter F (N instructions) returns for D, as the kernel would run it. */
+uint32_t _al_seccomp_run(const struct sock_filter *f, unsigned n, const struct seccomp_data *d);
+
 /* ---- locks.c: lock acquisitions inside allocator calls --------------------------------------- */
 
 #define AL_LOCKS_BITS 10
@@ -446,6 +468,7 @@ struct al_thread {
     struct al_held held[AL_HELD_MAX];
     struct al_measure_totals m;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
+    bool dispatching; /* syscall user dispatch is on for this thread (reads sud_selector) */
     struct al_thread *next;
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
 };
@@ -781,7 +804,10 @@ AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted, uint
 const char *_al_syscall_name(unsigned kind);
 void _al_syscalls_init(void);
 void _al_syscalls_thread_init(struct al_thread *t);
-void _al_syscalls_thread_exit(void);
+/* False when the state must not be handed to another thread: dispatch is on for this one and
+ * cannot be turned off (a seccomp filter may refuse the prctl), so the kernel goes on reading
+ * its selector until it is gone. */
+bool _al_syscalls_thread_exit(struct al_thread *t);
 bool _al_syscalls_owns_sigsys(void);
 int _al_syscalls_program_sigaction(const struct sigaction *act, struct sigaction *old);
 /* Runs the program's handler A for SIG as the kernel would have (nothing for SIG_DFL and

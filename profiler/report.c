@@ -216,8 +216,17 @@ static void write_report(struct write_args *w)
     if (t)
         t->busy = 1;
 
-    struct al_report *r = _al_mem_map(sizeof *r);
-    uint64_t *hist = _al_mem_map((size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
+    struct al_report *r = NULL;
+    uint64_t *hist = NULL;
+    bool can_say;
+    const char *refused = _al_seccomp_refuses_report(&can_say);
+    if (refused) {
+        if (can_say)
+            _al_log("no report: %s", refused);
+        goto out;
+    }
+    r = _al_mem_map(sizeof *r);
+    hist = _al_mem_map((size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
     if (!r || !hist) {
         _al_log("out of memory while gathering the report: no report written");
         goto out;

@@ -106,6 +106,16 @@ static void ops(struct al_buf *b, const struct al_report *r)
     _al_buf_puts(b, "\n  ],\n");
 }
 
+/* A measured section's "note", after its first fields: what it leaves out (see seccomp.c). */
+static void note(struct al_buf *b)
+{
+    const char *n = _al_seccomp_note();
+    if (!n)
+        return;
+    _al_buf_puts(b, ", \"note\": ");
+    _al_buf_json_str(b, n);
+}
+
 static void counters(struct al_buf *b, const struct al_report *r)
 {
     const struct al_counters_config *c = &_al_counters;
@@ -113,14 +123,14 @@ static void counters(struct al_buf *b, const struct al_report *r)
         unavailable(b, "counters", c->reason[0] ? c->reason : "event counting was not set up", false);
         return;
     }
-    _al_buf_printf(b, "  \"counters\": { \"available\": true, \"source\": \"%s\", \"sample_every\": %u, ",
+    _al_buf_printf(b, "  \"counters\": { \"available\": true, \"source\": \"%s\", \"sample_every\": %u",
                    c->software ? "software" : "hardware", c->sample_every);
     if (c->reason[0]) {
-        _al_buf_puts(b, "\"reason\": ");
+        _al_buf_puts(b, ", \"reason\": ");
         _al_buf_json_str(b, c->reason);
-        _al_buf_puts(b, ", ");
     }
-    _al_buf_printf(b, "\"dropped_calls\": %llu, \"counted_ops\": {",
+    note(b);
+    _al_buf_printf(b, ", \"dropped_calls\": %llu, \"counted_ops\": {",
                    (unsigned long long)r->measure.ctr_dropped);
     bool first = true;
     for (unsigned op = 0; op < AL_OP_COUNT; op++) {
@@ -181,7 +191,9 @@ static void syscalls(struct al_buf *b, const struct al_report *r)
     }
     _al_buf_puts(b, "\n  ],\n  \"syscalls_info\": { \"available\": ");
     if (_al_syscalls.dispatch) {
-        _al_buf_puts(b, "true, \"source\": \"syscall user dispatch\" },\n");
+        _al_buf_puts(b, "true, \"source\": \"syscall user dispatch\"");
+        note(b);
+        _al_buf_puts(b, " },\n");
     } else {
         _al_buf_puts(b, "false, \"reason\": ");
         _al_buf_json_str(b, _al_syscalls.reason[0] ? _al_syscalls.reason : "not set up");

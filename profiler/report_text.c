@@ -13,6 +13,14 @@ static void human_time(struct al_buf *b, double t_ns)
         _al_buf_printf(b, "%.1f us", t_ns / 1e3);
 }
 
+/* Under a measured section: what it leaves out (see seccomp.c). */
+static void text_note(struct al_buf *b)
+{
+    const char *n = _al_seccomp_note();
+    if (n)
+        _al_buf_printf(b, "  (%s)\n", n);
+}
+
 void _al_report_text(struct al_buf *b, const struct al_report *r)
 {
     _al_buf_printf(b, "\n== alloclens report, pid %d:", (int)r->pid);
@@ -81,6 +89,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     if (c->available) {
         _al_buf_printf(b, "\ncounters     %s events, 1 op in %u%s%s\n", c->software ? "software" : "hardware",
                        c->sample_every, c->reason[0] ? ": " : "", c->reason);
+        text_note(b);
         if (r->measure.ctr_dropped)
             _al_buf_printf(b, "  (%llu calls due to be counted left out: more records than the ring holds, "
                            "or a switch too early in the run to time)\n",
@@ -105,6 +114,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
                 _al_buf_printf(b, " %s %llu (%.1f us)", _al_syscall_name(k), (unsigned long long)n, _al_report_ns(r, (double)cyc) / 1e3);
         }
         _al_buf_puts(b, "\n");
+        text_note(b);
     } else {
         _al_buf_printf(b, "syscalls     unavailable: %s\n", _al_syscalls.reason);
     }

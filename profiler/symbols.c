@@ -8,7 +8,7 @@
  * its environment; input and output are memory files, so a helper that dies early raises no
  * SIGPIPE here. Its exit raises SIGCHLD (exec gives every child that exit signal), so it is not
  * run in a program that handles SIGCHLD: that handler would see a child the program never
- * made. Where it cannot run, and for the frames it did not see, names come from the dynamic
+ * made; nor once the program has installed a seccomp filter. Where it cannot run, and for the frames it did not see, names come from the dynamic
  * symbol table through dladdr, which costs nothing. */
 #include <dlfcn.h>
 #include <errno.h>
@@ -256,6 +256,11 @@ static int above_stdio(int fd)
 
 static void make_table(void)
 {
+    if (atomic_load(&_al_seccomp_on)) {
+        snprintf(sym.why, sizeof sym.why, "the program installed a seccomp filter, which may refuse starting %s",
+                 HELPER);
+        return;
+    }
     struct sigaction chld;
     if (sigaction(SIGCHLD, NULL, &chld) == 0 && chld.sa_handler != SIG_DFL && chld.sa_handler != SIG_IGN) {
         snprintf(sym.why, sizeof sym.why, "the program handles SIGCHLD, which %s would raise", HELPER);

@@ -297,20 +297,26 @@ void _al_syscalls_init(void)
 void _al_syscalls_thread_init(struct al_thread *t)
 {
     t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
-    if (!_al_syscalls.dispatch)
+    t->dispatching = false;
+    if (!_al_syscalls.dispatch || atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed))
         return;
-    prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, (unsigned long)__start_al_sud_text,
-          (unsigned long)(__stop_al_sud_text - __start_al_sud_text), &t->sud_selector);
+    t->dispatching = prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, (unsigned long)__start_al_sud_text,
+                           (unsigned long)(__stop_al_sud_text - __start_al_sud_text), &t->sud_selector) == 0;
 }
 
 /* The calling thread's state is about to be handed to another thread, which will set its
  * selector to "block" in its own allocator calls: the kernel must stop reading it for this
  * thread, still running its exit path (where glibc blocks every signal: a SIGSYS then would
  * kill the process). */
-void _al_syscalls_thread_exit(void)
+bool _al_syscalls_thread_exit(struct al_thread *t)
 {
-    if (_al_syscalls.dispatch)
-        prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0, 0, 0);
+    if (!t->dispatching)
+        return true;
+    if (atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed))
+        return false;
+    prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0, 0, 0);
+    t->dispatching = false;
+    return true;
 }
 
 /* ---- the program's own SIGSYS handler ---------------------------------------------------- */

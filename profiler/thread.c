@@ -82,7 +82,8 @@ static void add_extra(struct al_measure_totals *d, const struct al_thread *t)
 void _al_thread_measure_init(struct al_thread *t)
 {
     _al_syscalls_thread_init(t);
-    t->ctr.countdown = _al_counters.available ? _al_counters.sample_every : 0;
+    bool counting = _al_counters.available && !atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed);
+    t->ctr.countdown = counting ? _al_counters.sample_every : 0;
 }
 
 /* FORGET_HIST: in a forked child, whose copies of the histograms are the parent's pages until
@@ -150,7 +151,7 @@ static void thread_exit(void *arg)
     /* Before the state can be handed to a new thread, which must not read these fds nor have
      * its selector read for this one; system calls, so not with the registry's lock held. */
     _al_counters_thread_close(&t->ctr, false);
-    _al_syscalls_thread_exit();
+    bool reusable = _al_syscalls_thread_exit(t);
     lock();
     add_rows(reg.rows, reg.hist, t->rows, t->hist);
     for (unsigned i = 0; reg.hist && i < AL_ROWS; i++)
@@ -169,8 +170,10 @@ static void thread_exit(void *arg)
         phase_account(before);
     }
     clear_state(t, false);
-    t->next = reg.spare;
-    reg.spare = t;
+    if (reusable) {
+        t->next = reg.spare;
+        reg.spare = t;
+    }
     unlock();
     /* Calls this thread still makes (later TLS destructors) start a fresh state, not
      * registered again (see exited). */

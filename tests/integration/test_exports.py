@@ -22,9 +22,11 @@ with open(entries) as f:
         if m:
             expected.add(m.group(1))
 expected |= {"malloc_usable_size", "pthread_create", "execve", "execvpe", "execv", "execvp",
-             "fexecve", "execl", "execlp", "execle", "posix_spawn", "posix_spawnp", "_exit", "_Exit", "quick_exit", "pthread_mutex_lock", "pthread_mutex_trylock",
+             "fexecve", "execl", "execlp", "execle", "posix_spawn", "posix_spawnp", "_exit", "_Exit",
+             "quick_exit", "pthread_mutex_lock", "pthread_mutex_trylock",
              "pthread_mutex_unlock", "pthread_spin_lock", "pthread_spin_trylock", "pthread_spin_unlock",
-             "sigaction", "signal", "sigprocmask", "pthread_sigmask", "pipe2", "abort"}
+             "sigaction", "signal", "sigprocmask", "pthread_sigmask", "pipe2", "abort", "prctl",
+             "syscall"}
 
 out = subprocess.run(["nm", "-D", "--defined-only", so], check=True, capture_output=True, text=True).stdout
 exported = set()

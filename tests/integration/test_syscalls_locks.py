@@ -239,4 +239,40 @@ for name, path in allocs.items():
            f"sys_big under a seccomp filter, {name}: counters and syscalls unavailable, saying why",
            f"counters: {ctr.get('reason')}; syscalls: {info}")
 
+# 7. A seccomp filter the running program installs (prctl, or the seccomp system call as
+# libseccomp makes it) that ends the process at perf_event_open and at the prctl starting
+# syscall user dispatch: the threads and child started after it run as plain, the reports say
+# what they leave out. With a second filter ending it at any open creating a file (nofiles), no
+# report can be written: each process says so in one line instead of being killed.
+NOTE = "threads started after the program installed a seccomp filter are not measured"
+for name, path in allocs.items():
+    for how in ("prctl", "syscall", "nofiles"):
+        if how == "nofiles" and name != "glibc":
+            continue
+        label = f"sys_sigsys later {how} under {name}"
+        a = plain([SIGSYS, "later", how], None if name == "glibc" else path)
+        tag = f"later-{how}-{name}"
+        b, rep = run(name, [SIGSYS, "later", how], wd, name=tag)
+        tap.ok(a.returncode == b.returncode == 0 and a.stdout == b.stdout
+               and b"child status 7" in a.stdout,
+               f"{label}: exit status and stdout as plain", f"plain rc {a.returncode}, "
+               f"alloclens rc {b.returncode}\n{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
+        side = [f for f in os.listdir(wd) if f.startswith(f"{tag}.") and f.endswith(".json")
+                and f != f"{tag}.json"]
+        lines = [l for l in b.stderr.decode().splitlines() if "no report" in l]
+        if how == "nofiles":
+            tap.ok(rep is None and not side and len(lines) == 2 and all(
+                l.endswith("no report: the program's seccomp filter refuses openat, which writing "
+                           "it takes") for l in lines),
+                   f"{label}: no report, one line each for the process and its child saying why",
+                   f"report {rep is not None}, side {side}\n{b.stderr.decode()[-2000:]}")
+            continue
+        ctr, info = (rep or {}).get("counters", {}), (rep or {}).get("syscalls_info", {})
+        tap.ok(rep is not None and len(side) == 1 and not lines
+               and (rep or {}).get("threads", {}).get("total") == 5
+               and all(sec.get("available") is False or sec.get("note") == NOTE for sec in (ctr, info)),
+               f"{label}: reports for the process and its child; counters and syscalls say "
+               "what they leave out", f"side {side}, threads {(rep or {}).get('threads')}, "
+               f"counters note {ctr.get('note')}, syscalls {info}\n{b.stderr.decode()[-2000:]}")
+
 tap.done()

@@ -10,8 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -321,6 +326,102 @@ START_TEST(proc_written_pages)
 }
 END_TEST
 
+/* seccomp.c: the program's filters, run as the kernel would. */
+static uint32_t run_filter(const struct sock_filter *f, unsigned n, int nr, uint64_t arg0, uint64_t arg2)
+{
+    struct seccomp_data d = { .nr = nr, .arch = AUDIT_ARCH_X86_64, .args = { arg0, 0, arg2 } };
+    return _al_seccomp_run(f, n, &d);
+}
+
+START_TEST(seccomp_filter_runs)
+{
+    /* getppid: EPERM; openat creating a file (arg 2, low word): killed; ioctl with the high
+     * word of arg 0 set: trapped; anything else allowed. */
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getppid, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_CREAT, 0, 5),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]) + 4),
+        BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, 0, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    unsigned n = sizeof f / sizeof f[0];
+    ck_assert_uint_eq(run_filter(f, n, SYS_getppid, 0, 0), SECCOMP_RET_ERRNO | EPERM);
+    ck_assert_uint_eq(run_filter(f, n, SYS_openat, 0, O_RDONLY), SECCOMP_RET_ALLOW);
+    ck_assert_uint_eq(run_filter(f, n, SYS_openat, 0, O_WRONLY | O_CREAT), SECCOMP_RET_KILL_PROCESS);
+    ck_assert_uint_eq(run_filter(f, n, SYS_ioctl, 3, 0), SECCOMP_RET_ALLOW);
+    ck_assert_uint_eq(run_filter(f, n, SYS_ioctl, 1ull << 32, 0), SECCOMP_RET_TRAP);
+    ck_assert_uint_eq(run_filter(f, n, SYS_read, 0, 0), SECCOMP_RET_ALLOW);
+
+    /* Scratch memory, X and arithmetic: returns ERRNO with data (nr + 5) * 2 via A. */
+    struct sock_filter g[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_STMT(BPF_ST, 3),
+        BPF_STMT(BPF_LD | BPF_IMM, 5),
+        BPF_STMT(BPF_MISC | BPF_TAX, 0),
+        BPF_STMT(BPF_LD | BPF_MEM, 3),
+        BPF_STMT(BPF_ALU | BPF_ADD | BPF_X, 0),
+        BPF_STMT(BPF_ALU | BPF_LSH | BPF_K, 1),
+        BPF_STMT(BPF_ALU | BPF_OR | BPF_K, SECCOMP_RET_ERRNO),
+        BPF_STMT(BPF_RET | BPF_A, 0),
+    };
+    ck_assert_uint_eq(run_filter(g, sizeof g / sizeof g[0], 7, 0, 0), SECCOMP_RET_ERRNO | 24);
+
+    /* What the kernel would stop on ends the run as killed: a misaligned or out-of-range
+     * load, a division by zero, running off the end. */
+    struct sock_filter bad1[] = { BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 2), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW) };
+    struct sock_filter bad2[] = { BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 64), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW) };
+    struct sock_filter bad3[] = { BPF_STMT(BPF_ALU | BPF_DIV | BPF_X, 0), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW) };
+    struct sock_filter bad4[] = { BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+                                  BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0), BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW) };
+    ck_assert_uint_eq(run_filter(bad1, 2, 0, 0, 0), SECCOMP_RET_KILL_PROCESS);
+    ck_assert_uint_eq(run_filter(bad2, 2, 0, 0, 0), SECCOMP_RET_KILL_PROCESS);
+    ck_assert_uint_eq(run_filter(bad3, 2, 0, 0, 0), SECCOMP_RET_KILL_PROCESS);
+    ck_assert_uint_eq(run_filter(bad4, 3, 0, 0, 0), SECCOMP_RET_KILL_PROCESS);
+    ck_assert_uint_eq(run_filter(bad4, 3, 1, 0, 0), SECCOMP_RET_ALLOW);
+}
+END_TEST
+
+START_TEST(seccomp_report_refused)
+{
+    bool can_say;
+    ck_assert_ptr_null(_al_seccomp_refuses_report(&can_say));
+    ck_assert_ptr_null(_al_seccomp_note());
+    /* A failed install leaves nothing behind. */
+    struct sock_filter deny[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mincore, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_LOG),
+    };
+    struct sock_fprog prog = { sizeof deny / sizeof deny[0], deny };
+    _al_seccomp_installed(_al_seccomp_installing(), false, &prog, false);
+    ck_assert_ptr_null(_al_seccomp_refuses_report(&can_say));
+    ck_assert(!_al_seccomp_on);
+    /* Installed: later threads are told, the report is refused by name (and a line can say
+     * so), the copy kept is what counts (the program's buffer may change after). */
+    _al_seccomp_installed(_al_seccomp_installing(), false, &prog, true);
+    deny[1].k = SYS_getppid;
+    ck_assert(_al_seccomp_on);
+    ck_assert_ptr_nonnull(_al_seccomp_note());
+    const char *why = _al_seccomp_refuses_report(&can_say);
+    ck_assert_ptr_nonnull(why);
+    ck_assert_str_eq(why, "the program's seccomp filter refuses mincore, which writing it takes");
+    ck_assert(can_say);
+    /* Strict mode allows write, all a line needs, and no open. */
+    _al_seccomp_installed(_al_seccomp_installing(), true, NULL, true);
+    why = _al_seccomp_refuses_report(&can_say);
+    ck_assert_str_eq(why, "the program's seccomp filter refuses openat, which writing it takes");
+    ck_assert(can_say);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("profiler");
@@ -338,6 +439,8 @@ int main(void)
     tcase_add_test(tc, buf_json_escaping);
     tcase_add_test(tc, buf_u64_decimal);
     tcase_add_test(tc, proc_written_pages);
+    tcase_add_test(tc, seccomp_filter_runs);
+    tcase_add_test(tc, seccomp_report_refused);
     suite_add_tcase(s, tc);
     return al_check_run(s);
 }

@@ -6,8 +6,16 @@
  *          TRAP (SIGSYS to our handler); then a lot of allocation including 33 MiB blocks, and
  *          the filtered calls; prints what it saw.
  * sys_sigsys exec CMD ARGS...: under a seccomp filter that ends the process at any
- *          perf_event_open (as a systemd service's SystemCallFilter does), execs CMD. */
+ *          perf_event_open (as a systemd service's SystemCallFilter does), execs CMD.
+ * sys_sigsys later HOW: installs, once running, a filter that ends the process at
+ *          perf_event_open and at the prctl that starts syscall user dispatch (HOW: prctl, or
+ *          syscall for the seccomp system call, as libseccomp does; nofiles: with prctl, and a
+ *          second filter that ends it at any open that would create a file), then starts
+ *          threads and a child that allocate; prints what they did. */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/wait.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -75,10 +83,68 @@ static int exec_filtered(char **cmd)
     return 127;
 }
 
+static void *churner(void *arg)
+{
+    churn(2);
+    return arg;
+}
+
+/* A sandbox's filter, installed by the running program: a new thread of a profiler that
+ * started syscall user dispatch or event counting in it would end the process. */
+static int later_filtered(const char *how)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_perf_event_open, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_SYSCALL_USER_DISPATCH, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+    churn(1);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+        return 20;
+    if (strcmp(how, "syscall") ? prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog)
+                               : syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog))
+        return 21;
+    struct sock_filter nofiles[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_CREAT, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog second = { sizeof nofiles / sizeof nofiles[0], nofiles };
+    if (!strcmp(how, "nofiles") && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &second))
+        return 24;
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        if (pthread_create(&th[i], NULL, churner, NULL))
+            return 22;
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        churn(2);
+        _exit(7);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return 23;
+    printf("threads done, child status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 && !strcmp(argv[1], "exec"))
         return exec_filtered(argv + 2);
+    if (argc > 2 && !strcmp(argv[1], "later"))
+        return later_filtered(argv[2]);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = handler;
