@@ -42,13 +42,15 @@ int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, s
         }
         fprintf(stderr, "alloclens: %s; probing the allocator instead\n", err);
     }
-    if (_al_prerun_cache_path(alloc->path, path, cap) < 0) {
+    if (_al_config_cache_path(alloc->path, path, cap) < 0) {
         fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); running without a config\n");
         return -1;
     }
-    int r = _al_prerun_cache_lookup(alloc->path, &cfg);
+    int r = _al_config_cache_lookup(alloc->path, path, &cfg, err, sizeof err);
     if (r == 0)
         return 0;
+    if (r == -EINVAL)
+        fprintf(stderr, "alloclens: ignoring the cached config: %s\n", err);
     char exe[4096];
     if (probe_exe(exe, sizeof exe) < 0)
         return -1;
@@ -93,7 +95,7 @@ int _al_cli_cmd_prerun(int argc, char **argv)
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0 || probe_exe(exe, sizeof exe) < 0)
         return 2;
     if (!out) {
-        if (_al_prerun_cache_path(alloc.path, path, sizeof path) < 0) {
+        if (_al_config_cache_path(alloc.path, path, sizeof path) < 0) {
             fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); give -o FILE\n");
             return 2;
         }

@@ -51,6 +51,15 @@ int _al_config_identity(const char *path, struct al_file_identity *ret);
 bool _al_config_identity_equal(const struct al_file_identity *a, const struct al_file_identity *b);
 const char *_al_config_style_name(enum al_style s);
 
+/* ---- cache.c: where a probed config is kept ----------------------------------------------- */
+
+/* The cache file for the allocator library at ALLOCATOR_PATH (0), or -errno. */
+int _al_config_cache_path(const char *allocator_path, char *out, size_t cap);
+/* Loads the cache file PATH of that library into OUT: 0 when it describes the library as it
+ * is now; -ENOENT (none), -ESTALE (the library changed since), -EINVAL (broken: ERR says). */
+int _al_config_cache_lookup(const char *allocator_path, const char *path, struct al_alloc_config *out,
+                            char *err, size_t errcap);
+
 /* ---- size_class.c: O(1) request size -> class size ---------------------------------------- */
 
 /* Two linear tables: one for requests up to AL_CLASS_SPLIT bytes, one above, each with the

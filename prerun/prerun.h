@@ -29,10 +29,7 @@ struct al_probe_counters {
 int _al_prerun_probe(const char *allocator_path, const char *probe_exe, struct al_alloc_config *out,
                      bool verbose, char *err, size_t errcap);
 
-/* cache.c: the cached config for an allocator library, keyed by its path and file identity. */
-int _al_prerun_cache_path(const char *allocator_path, char *out, size_t cap);
-/* 0 and the config when a cache entry exists and matches the library's identity now. */
-int _al_prerun_cache_lookup(const char *allocator_path, struct al_alloc_config *out);
+/* cache.c: writes C to PATH (making its directories); 0, or -errno with a line in ERR. */
 int _al_prerun_write_config(const char *path, const struct al_alloc_config *c, char *err, size_t errcap);
 
 #endif

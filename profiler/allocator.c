@@ -2,6 +2,7 @@
  * and, where the allocator can tell, versioned. It also notices when the program itself
  * defines malloc (an allocator linked in statically), which no preload can stand in front of. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <gnu/libc-version.h>
 #include <limits.h>
 #include <link.h>
@@ -163,19 +164,46 @@ void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc
         copy(a->requested, sizeof a->requested, requested);
 }
 
+/* No config given (the library used without `alloclens run`): the one `alloclens run` or
+ * `alloclens prerun` left in the cache for the allocator serving the calls, if it still
+ * describes that library. 0, or a reason in A. */
+static int load_cached(struct al_allocator_info *a, struct al_alloc_config *c)
+{
+    char path[AL_CONFIG_PATH_MAX], err[512];
+    int r = a->path[0] ? _al_config_cache_path(a->path, path, sizeof path) : -ENOENT;
+    if (r == 0)
+        r = _al_config_cache_lookup(a->path, path, c, err, sizeof err);
+    if (r == 0) {
+        copy(a->config_path, sizeof a->config_path, path);
+        return 0;
+    }
+    if (r == -ESTALE)
+        snprintf(err, sizeof err, "the cached config %.200s is for an older %.200s: 'alloclens run' probes it again",
+                 path, a->path);
+    else if (r == -EINVAL)
+        _al_log("ignoring the cached config: %s", err);
+    else
+        snprintf(err, sizeof err, "no allocator config given, none cached for %.200s: 'alloclens run' probes the "
+                 "allocator, or set ALLOCLENS_CONFIG", a->path[0] ? a->path : "the allocator");
+    copy(a->config_reason, sizeof a->config_reason, err);
+    return -1;
+}
+
 void _al_allocator_load_config(struct al_allocator_info *a, const char *path)
 {
-    if (!path) {
-        copy(a->config_reason, sizeof a->config_reason,
-             "no allocator config given: 'alloclens run' probes the allocator, or set ALLOCLENS_CONFIG");
-        return;
-    }
-    copy(a->config_path, sizeof a->config_path, path);
     struct al_alloc_config *c = _al_mem_map(sizeof *c);
     if (!c) {
         copy(a->config_reason, sizeof a->config_reason, "out of memory loading the allocator config");
         return;
     }
+    if (!path || !*path) {
+        if (load_cached(a, c) == 0)
+            a->config = c;
+        else
+            _al_mem_unmap(c, sizeof *c);
+        return;
+    }
+    copy(a->config_path, sizeof a->config_path, path);
     char err[512];
     if (_al_config_load(path, c, err, sizeof err) < 0) {
         _al_log("%s", err);

@@ -21,7 +21,7 @@ const struct al_option _al_options[AL_OPT_N] = {
         "allocator's config" },
     [AL_OPT_CONFIG] = { "config", "ALLOCLENS_CONFIG", AL_OPT_STRING, "", 0, 0,
         "allocator description (style, size classes, large threshold) from 'alloclens prerun'; "
-        "'alloclens run' uses its cached probe result when none is given" },
+        "without one, the cached probe result for the allocator serving the calls (left by 'alloclens run')" },
     [AL_OPT_MODE] = { "mode", "ALLOCLENS_MODE", AL_OPT_STRING, "full", 0, 0,
         "'full': time every call, track every object and its memory waste; 'time': time every "
         "call and tell new addresses from reused ones, no object records or waste; 'sample': op "

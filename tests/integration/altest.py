@@ -47,6 +47,11 @@ def cli():
     return os.environ["ALLOCLENS_CLI"]
 
 
+def so():
+    """Path of liballoclens.so under test, for direct use (meson passes it in ALLOCLENS_SO)."""
+    return os.environ["ALLOCLENS_SO"]
+
+
 def allocators():
     """{name: path} of the allocators `alloclens allocators` finds on this machine."""
     out = subprocess.run([cli(), "allocators"], check=True, capture_output=True, text=True).stdout

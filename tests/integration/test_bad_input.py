@@ -127,7 +127,15 @@ def bad_variable(tap, var, value, *must, status="2"):
 
 def test_bad_variables(tap):
     """(a) malformed numeric variables: the program runs as it would, one line, and the
-    reports are still written with the default."""
+    reports are still written with the threshold a run without the variable has (the
+    default, or the cached config's)."""
+    tmp = tmpdir()
+    out = os.path.join(tmp, "r.json")
+    direct(tmp, [LEAF, "3", "200"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off")
+    alloc = (load(out) or {}).get("allocator", {})
+    want = (alloc.get("large_threshold"), alloc.get("large_threshold_source"))
+    tap.ok(want[1] in ("default", "config") and (want[1] == "config" or want[0] == 131072),
+           "no ALLOCLENS_LARGE_THRESHOLD: the default 131072 or the cached config's threshold", alloc)
     for value in ["abc", "-5", "99999999999999999999", "0", "", "12Q", "1T", "0x10"]:
         tmp = tmpdir()
         out, txt = os.path.join(tmp, "r.json"), os.path.join(tmp, "r.txt")
@@ -137,9 +145,10 @@ def test_bad_variables(tap):
         same_as_plain(tap, desc, plain, prof)
         one_line(tap, desc, prof, "ALLOCLENS_LARGE_THRESHOLD", value)
         r = load(out)
-        tap.ok(r is not None and r.get("allocator", {}).get("large_threshold") == 131072,
-               f"{desc}: JSON report written with the default threshold 131072",
-               f"report: {None if r is None else r.get('allocator')}")
+        got = (r or {}).get("allocator", {})
+        tap.ok((got.get("large_threshold"), got.get("large_threshold_source")) == want,
+               f"{desc}: JSON report written with the threshold of a run without it, {want[0]}",
+               f"report: {got.get('large_threshold')} ({got.get('large_threshold_source')})")
         tap.ok(os.path.isfile(txt) and os.path.getsize(txt) > 0,
                f"{desc}: text report written", f"{txt} missing or empty")
 

@@ -299,6 +299,22 @@ def check_cache(tap, label, alloc, path, truth, tmp):
                                       "--", "/bin/true"], env=env)
         return rc, err, secs, load_report(rep)
 
+    def direct():
+        """/bin/true with the library preloaded directly, no CLI: the cache read, never written."""
+        n[0] += 1
+        rep = os.path.join(tmp, f"cache-{n[0]}.json")
+        rc, out, err, secs = run_cmd(["/bin/true"], env=dict(
+            env, LD_PRELOAD=f"{altest.so()}:{path}", ALLOCLENS_OUTPUT=rep, ALLOCLENS_TEXT="off"))
+        return rc, err, secs, load_report(rep)
+
+    # used directly before any run: no config, the report says none is cached
+    rc, err, secs, report = direct()
+    cfg = ((report or {}).get("allocator") or {}).get("config") or {}
+    tap.ok(rc == 0 and not err and cfg.get("available") is False
+           and "none cached" in cfg.get("reason", "") and not cache_files(cdir),
+           f"cache: the library used directly under {label} before any run has no config, says "
+           "none is cached, writes none", f"{cfg}\n{status(rc, err, secs)}")
+
     # first run: probes once, says so on one line, leaves a file in the cache
     rc, err, secs, report = run(alloc)
     first_ok = tap.ok(rc == 0 and report is not None, f"cache: first run under {label} works",
@@ -319,6 +335,16 @@ def check_cache(tap, label, alloc, path, truth, tmp):
     tap.ok(not probing_lines(err), "cache: second run does not probe", err[-1500:])
     tap.ok(cache_files(cdir) == files1, "cache: second run leaves the cache as it was",
            f"{files1} -> {cache_files(cdir)}")
+
+    # the library used directly: the cached config, as the runs had it
+    rc, err, secs, report = direct()
+    cfg = ((report or {}).get("allocator") or {}).get("config") or {}
+    tap.ok(rc == 0 and not err and cfg.get("available") is True and cfg.get("path") in files1
+           and cache_files(cdir) == files1,
+           f"cache: the library used directly under {label} reads the cached config",
+           f"{cfg}\n{status(rc, err, secs)}")
+    if report is not None:
+        check_report(tap, label, report, truth, "direct (LD_PRELOAD) run")
 
     # a copy of the library, by path: probed once; touched, probed again
     copy_dir = os.path.join(tmp, "copy")
