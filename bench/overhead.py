@@ -339,32 +339,45 @@ def add_medians(row, p, q, scale=1):
     return True
 
 
-def bench_malloc(b, name, path, threads, ops):
-    args = b.args
-    cmd = [b.malloc_bench, str(threads), str(ops), str(args.seed)]
+def alternate_measured(b, name, path, cmd, what, label, field, parse=None, seen=None):
+    """CMD plain and profiled in turn (see alternate), FIELD of each run's fields its figure,
+    each run's peak RSS and the profiler's memory kept for add_memory; SEEN(fields, profiled)
+    is told of every run first. Returns alternate's plain, profiled and error, and the memory."""
     env_plain = clean_env(None if is_glibc(name, path) else path)
-    calls_seen = set()
-    counted = []
     mem = {"plain": [], "profiled": [], "report": []}
 
     def plain():
-        f = b.run_program(*b.plain_run(name, cmd, env_plain), f"{name} malloc_bench plain", 300)
-        calls_seen.add(int(f["calls"]))
+        f = b.run_program(*b.plain_run(name, cmd, env_plain), f"{name} {what} plain", 300, parse)
+        if seen:
+            seen(f, False)
         mem["plain"].append(b.last_rss)
-        return int(f["elapsed_ns"])
+        return int(f[field])
 
     def prof():
         f = b.run_program(b.profiled_argv(name, cmd), clean_env(),
-                          f"{name} malloc_bench under alloclens", 300)
-        calls_seen.add(int(f["calls"]))
-        counted.append(b.report_calls())
+                          f"{name} {what} under alloclens", 300, parse)
+        if seen:
+            seen(f, True)
         mem["profiled"].append(b.last_rss)
         mem["report"].append(b.report_memory())
-        return int(f["elapsed_ns"])
+        return int(f[field])
 
-    label = f"{name} malloc_bench {threads}T"
-    p, q, err = alternate(args.runs, plain, prof, label, b.cli is not None,
-                          b.deadline)
+    p, q, err = alternate(b.args.runs, plain, prof, label, b.cli is not None, b.deadline)
+    return p, q, err, mem
+
+
+def bench_malloc(b, name, path, threads, ops):
+    cmd = [b.malloc_bench, str(threads), str(ops), str(b.args.seed)]
+    calls_seen = set()
+    counted = []
+
+    def on_run(f, profiled):
+        calls_seen.add(int(f["calls"]))
+        if profiled:
+            counted.append(b.report_calls())
+
+    p, q, err, mem = alternate_measured(b, name, path, cmd, "malloc_bench",
+                                        f"{name} malloc_bench {threads}T", "elapsed_ns", seen=on_run)
     row = {"allocator": name, "workload": f"malloc_bench {threads}T", "unit": "ms",
            "kind": "time", "threads": threads, "par": min(threads, b.ncpus), "error": err,
            "notes": []}
@@ -435,24 +448,8 @@ def bench_program(b, name, path, workload, cmd, parse=None):
     """A real program's own work, in CPU time (its cpu_ns: a machine shared with other work
     stretches wall time far more than CPU time), plain and profiled; peak RSS and the
     profiler's memory as for malloc_bench."""
-    env_plain = clean_env(None if is_glibc(name, path) else path)
-    mem = {"plain": [], "profiled": [], "report": []}
-
-    def plain():
-        f = b.run_program(*b.plain_run(name, cmd, env_plain), f"{name} {workload} plain", 300,
-                          parse)
-        mem["plain"].append(b.last_rss)
-        return int(f["cpu_ns"])
-
-    def prof():
-        f = b.run_program(b.profiled_argv(name, cmd), clean_env(),
-                          f"{name} {workload} under alloclens", 300, parse)
-        mem["profiled"].append(b.last_rss)
-        mem["report"].append(b.report_memory())
-        return int(f["cpu_ns"])
-
-    p, q, err = alternate(b.args.runs, plain, prof, f"{name} {workload}", b.cli is not None,
-                          b.deadline)
+    p, q, err, mem = alternate_measured(b, name, path, cmd, workload, f"{name} {workload}", "cpu_ns",
+                                        parse)
     row = {"allocator": name, "workload": workload, "unit": "ms", "kind": "time",
            "error": err, "notes": []}
     if add_medians(row, p, q, 1e6):

@@ -63,9 +63,7 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx);
  * instead, so the raise writes the report. */
 static void run_program_handler(int sig, siginfo_t *si, void *ctx)
 {
-    struct al_thread *t = _al_tls;
-    if (t)
-        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    _al_selector_open();
     struct sigaction a = program[sig];
     if (a.sa_flags & SA_RESETHAND)
         set_action(sig, &(struct sigaction){ .sa_handler = SIG_DFL }, NULL);
@@ -101,11 +99,9 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
 {
     (void)si;
     (void)ctx;
-    struct al_thread *t = _al_tls;
     /* Open for the rest of an allocator call this interrupted, as for the program's handlers
      * (run_program_handler): returning takes a system call outside our trampoline. */
-    if (t)
-        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    struct al_thread *t = _al_selector_open();
     /* Once only: a thread left busy for good (a handler of the program's that jumped out of
      * an allocator call with siglongjmp) must not hold a second one back. */
     if (t && t->busy == 1 && !t->ending_signal && can_wait(sig)) {

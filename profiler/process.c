@@ -121,8 +121,22 @@ void _al_process_start(void)
         no_syscalls = "not under a seccomp filter, which may refuse the prctl that starts it";
         no_events = "not under a seccomp filter, which may refuse perf_event_open";
     } else {
-        if (!_al_settings.syscalls)
+        static char traced[sizeof _al_syscalls.reason];
+        long by;
+        if (!_al_settings.syscalls) {
             no_syscalls = "off (--syscalls 0)";
+        } else if (_al_settings.under_valgrind) {
+            /* Valgrind makes the program's system calls from its own code, with every signal
+             * blocked: a call dispatched there would kill the process with SIGSYS. */
+            no_syscalls = "not under valgrind, which makes the program's system calls from its own code";
+        } else if ((by = _al_proc_status("TracerPid")) > 0) {
+            /* A debugger stops the program at every signal it gets, SIGSYS included (gdb's
+             * default). */
+            snprintf(traced, sizeof traced,
+                     "not while the process is traced (by pid %ld), whose tracer would stop at each SIGSYS "
+                     "that counting them takes", by);
+            no_syscalls = traced;
+        }
         if (!_al_settings.events || strcmp(_al_settings.events, "off") == 0)
             no_events = "off (--events off)";
     }

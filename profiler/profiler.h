@@ -618,9 +618,11 @@ enum { AL_SLOT_OBJECTS, AL_SLOT_REQUESTED, AL_SLOT_INTERNAL, AL_SLOT_BLOWUP, AL_
 #define AL_TABLE_PAGES_MAX (((size_t)AL_CONFIG_MAX_CLASSES + 2) * AL_CLS_N * sizeof(int64_t) / 4096 + 1)
 #define AL_TABLE_WORDS ((AL_TABLE_PAGES_MAX + 63) / 64)
 
-AL_INLINE size_t _al_table_pages(uint32_t rows, size_t row_bytes)
+/* Which pages of a table of ROWS rows of ROW_BYTES may hold rows not zero, into WRITTEN (see
+ * _al_proc_written_pages). */
+AL_INLINE void _al_table_written(int pagemap, const void *table, uint32_t rows, size_t row_bytes, uint64_t *written)
 {
-    return (rows * row_bytes + 4095) / 4096;
+    _al_proc_written_pages(pagemap, table, (rows * row_bytes + 4095) / 4096, written);
 }
 
 /* Whether ROW of a table whose rows are ROW_BYTES long is on a page WRITTEN marks; and marking
@@ -799,6 +801,16 @@ AL_INLINE void _al_call_end(struct al_thread *t, unsigned op, bool counted, uint
     t->in_call = 0;
     if (AL_UNLIKELY(counted))
         _al_call_counted(t, op, cycles);
+}
+
+/* In a signal handler: the syscall selector of the thread it runs on opened (the handler's
+ * own system calls, and its return, run natively); the thread's state, or NULL. */
+AL_INLINE struct al_thread *_al_selector_open(void)
+{
+    struct al_thread *t = _al_tls;
+    if (t)
+        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    return t;
 }
 
 const char *_al_syscall_name(unsigned kind);
@@ -1045,8 +1057,9 @@ struct al_object {
     uintptr_t seg_lo, seg_hi;
 };
 bool _al_object_of(const void *addr, struct al_object *out);
-/* Loads the allocator's description (ALLOCLENS_CONFIG); a config that cannot be read, or that
- * describes another library than the one serving the calls, is reported and not used. */
+/* Loads the allocator's description (ALLOCLENS_CONFIG, else the cached probe result for the
+ * library serving the calls); a config that cannot be read, or that describes another library
+ * than the one serving the calls, is reported and not used. */
 void _al_allocator_load_config(struct al_allocator_info *a, const char *path);
 
 /* ---- report.c / report_json.c / report_text.c --------------------------------------------- */

@@ -133,9 +133,15 @@ static bool ended_in_time(pid_t pid)
 }
 
 /* Runs PATH with IN as its input and OUT as its output, and none of the program's other
- * descriptors; its exit status, or -1 with why. */
+ * descriptors; its exit status, or -1 with why. The C library's posix_spawn, not our wrapper
+ * of it (interpose/exec.c), whose check of whether LD_PRELOAD reaches the program is for the
+ * program's children. */
 static int run_helper(const char *path, int in, int out)
 {
+    static int (*spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+                        char *const[], char *const[]);
+    if (!spawn)
+        spawn = (__typeof__(spawn))dlsym(RTLD_NEXT, "posix_spawn");
     size_t env_bytes;
     char **env = helper_env(&env_bytes);
     if (!env) {
@@ -157,7 +163,7 @@ static int run_helper(const char *path, int in, int out)
             (e = posix_spawn_file_actions_addclosefrom_np(&fa, 3)) == 0 &&
             (e = posix_spawnattr_setsigmask(&attr, &none)) == 0 &&
             (e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK)) == 0)
-            e = posix_spawn(&pid, path, &fa, &attr, argv, env);
+            e = spawn ? spawn(&pid, path, &fa, &attr, argv, env) : ENOSYS;
         posix_spawnattr_destroy(&attr);
         posix_spawn_file_actions_destroy(&fa);
     }

@@ -139,9 +139,7 @@ static void forward_to_program(int sig, siginfo_t *si, void *ctx)
     /* As the kernel would run it: with the mask it asked for added to the one it interrupted
      * (not ours, which blocks every signal), and with the selector open, as the program's
      * other handlers run (a seccomp trap may come inside an allocator call). */
-    struct al_thread *t = _al_tls;
-    if (t)
-        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    _al_selector_open();
     uint64_t mask, asked;
     memcpy(&mask, &((ucontext_t *)ctx)->uc_sigmask, sizeof mask);
     memcpy(&asked, &a.sa_mask, sizeof asked);
@@ -200,13 +198,11 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
         forward_to_program(sig, si, ctx);
         return;
     }
-    struct al_thread *t = _al_tls;
+    struct al_thread *t = _al_selector_open();
     ucontext_t *uc = ctx;
     greg_t *g = uc->uc_mcontext.gregs;
     long nr = si->si_syscall;
     int kind = kind_of(nr);
-    if (t)
-        t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
     if (nr == SYS_rt_sigprocmask) {
         /* Performed here, the change would be undone by our own sigreturn: apply it to the
          * mask that sigreturn restores. SIGSYS itself stays deliverable. */
@@ -257,21 +253,6 @@ static int install_handler(void)
 
 void _al_syscalls_init(void)
 {
-    /* Valgrind makes the program's system calls from its own code, with every signal blocked:
-     * a call dispatched there would kill the process with SIGSYS. */
-    if (_al_settings.under_valgrind) {
-        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                 "not under valgrind, which makes the program's system calls from its own code");
-        return;
-    }
-    /* A debugger stops the program at every signal it gets, SIGSYS included (gdb by default). */
-    long by = _al_proc_status("TracerPid");
-    if (by > 0) {
-        snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason,
-                 "not while the process is traced (by pid %ld), whose tracer would stop at each SIGSYS "
-                 "that counting them takes", by);
-        return;
-    }
     if (install_handler() < 0) {
         snprintf(_al_syscalls.reason, sizeof _al_syscalls.reason, "cannot install the SIGSYS handler (%s)",
                  strerror(errno));

@@ -322,7 +322,7 @@ static void add_classes(int64_t (*dst)[AL_CLS_N], int64_t (*src)[AL_CLS_N], uint
     if (!src)
         return;
     uint64_t written[AL_TABLE_WORDS];
-    _al_proc_written_pages(pagemap, src, _al_table_pages(nslots, sizeof *src), written);
+    _al_table_written(pagemap, src, nslots, sizeof *src, written);
     for (uint32_t s = 0; s < nslots; s++)
         if (_al_table_row_written(written, s, sizeof *src))
             for (unsigned k = 0; k < AL_CLS_N; k++)

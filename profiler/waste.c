@@ -282,13 +282,13 @@ static void cap_blowup(struct al_waste_snapshot *s)
         return;
     uint64_t sum = 0;
     for (uint32_t i = 0; i < _al_waste.nslots; i++) {
-        if (!_al_table_row_written(s->pages, i, sizeof *s->cls) || s->cls[i][AL_SLOT_BLOWUP] <= 0)
+        /* Only rows on pages marked written have blowup, and each one's shrinks (cap is below
+         * the total): written in place, the page marked already. */
+        int64_t *b = &s->cls[i][AL_SLOT_BLOWUP];
+        if (!_al_table_row_written(s->pages, i, sizeof *s->cls) || *b <= 0)
             continue;
-        int64_t row[AL_SLOT_N];
-        memcpy(row, s->cls[i], sizeof row);
-        row[AL_SLOT_BLOWUP] = (int64_t)((unsigned __int128)row[AL_SLOT_BLOWUP] * cap / s->blowup);
-        store_row(s, i, row);
-        sum += (uint64_t)row[AL_SLOT_BLOWUP];
+        *b = (int64_t)((unsigned __int128)*b * cap / s->blowup);
+        sum += (uint64_t)*b;
     }
     s->blowup = sum;
 }
@@ -302,9 +302,9 @@ static void take(struct al_waste_snapshot *s, uint64_t total, int pagemap)
     static const int64_t zero[AL_CLS_N];
     uint64_t sums_written[AL_TABLE_WORDS], blowup_written[AL_TABLE_WORDS];
     _al_threads_sum_classes(snap.sums, w->nslots, pagemap);
-    _al_proc_written_pages(pagemap, snap.sums, _al_table_pages(w->nslots, sizeof *snap.sums), sums_written);
-    _al_proc_written_pages(pagemap, w->blowup, _al_table_pages(w->nslots, sizeof *w->blowup), blowup_written);
-    _al_proc_written_pages(pagemap, s->cls, _al_table_pages(w->nslots, sizeof *s->cls), s->pages);
+    _al_table_written(pagemap, snap.sums, w->nslots, sizeof *snap.sums, sums_written);
+    _al_table_written(pagemap, w->blowup, w->nslots, sizeof *w->blowup, blowup_written);
+    _al_table_written(pagemap, s->cls, w->nslots, sizeof *s->cls, s->pages);
     s->tsc = _al_tsc();
     s->total = total;
     s->live = s->internal = s->blowup = s->objects = 0;
@@ -410,8 +410,7 @@ void _al_waste_final(void)
         highest = _al_waste.peak.total;
     if (!_al_waste.peak.taken || s.total > highest + AL_SNAP_STEP + AL_SNAP_CHECK_BYTES) {
         struct al_waste_snapshot *peak = &_al_waste.peak;
-        _al_proc_written_pages(pagemap, peak->cls, _al_table_pages(_al_waste.nslots, sizeof *peak->cls),
-                               peak->pages);
+        _al_table_written(pagemap, peak->cls, _al_waste.nslots, sizeof *peak->cls, peak->pages);
         for (uint32_t i = 0; i < _al_waste.nslots; i++)
             if (_al_table_row_written(s.pages, i, sizeof *s.cls) || _al_table_row_written(peak->pages, i, sizeof *s.cls))
                 store_row(peak, i, s.cls[i]);

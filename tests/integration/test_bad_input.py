@@ -131,7 +131,7 @@ def test_bad_variables(tap):
     default, or the cached config's)."""
     tmp = tmpdir()
     out = os.path.join(tmp, "r.json")
-    direct(tmp, [LEAF, "3", "200"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off")
+    run([LEAF, "3", "200"], env=clean_env(LD_PRELOAD=SO, ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off"), cwd=tmp)
     alloc = (load(out) or {}).get("allocator", {})
     want = (alloc.get("large_threshold"), alloc.get("large_threshold_source"))
     tap.ok(want[1] in ("default", "config") and (want[1] == "config" or want[0] == 131072),

@@ -300,16 +300,17 @@ def check_cache(tap, label, alloc, path, truth, tmp):
         return rc, err, secs, load_report(rep)
 
     def direct():
-        """/bin/true with the library preloaded directly, no CLI: the cache read, never written."""
+        """/bin/true with the library preloaded directly, no CLI (the cache read, never written):
+        its report's allocator config as well."""
         n[0] += 1
         rep = os.path.join(tmp, f"cache-{n[0]}.json")
         rc, out, err, secs = run_cmd(["/bin/true"], env=dict(
             env, LD_PRELOAD=f"{altest.so()}:{path}", ALLOCLENS_OUTPUT=rep, ALLOCLENS_TEXT="off"))
-        return rc, err, secs, load_report(rep)
+        report = load_report(rep)
+        return rc, err, secs, report, ((report or {}).get("allocator") or {}).get("config") or {}
 
     # used directly before any run: no config, the report says none is cached
-    rc, err, secs, report = direct()
-    cfg = ((report or {}).get("allocator") or {}).get("config") or {}
+    rc, err, secs, _, cfg = direct()
     tap.ok(rc == 0 and not err and cfg.get("available") is False
            and "none cached" in cfg.get("reason", "") and not cache_files(cdir),
            f"cache: the library used directly under {label} before any run has no config, says "
@@ -337,8 +338,7 @@ def check_cache(tap, label, alloc, path, truth, tmp):
            f"{files1} -> {cache_files(cdir)}")
 
     # the library used directly: the cached config, as the runs had it
-    rc, err, secs, report = direct()
-    cfg = ((report or {}).get("allocator") or {}).get("config") or {}
+    rc, err, secs, report, cfg = direct()
     tap.ok(rc == 0 and not err and cfg.get("available") is True and cfg.get("path") in files1
            and cache_files(cdir) == files1,
            f"cache: the library used directly under {label} reads the cached config",

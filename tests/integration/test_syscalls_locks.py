@@ -188,9 +188,20 @@ def plain(cmd, lib):
     return subprocess.run(cmd, env=env, capture_output=True)
 
 
+def both(name, path, cmd, tag):
+    """CMD plain (the allocator preloaded, unless glibc), then under alloclens -a NAME: the plain
+    run, the profiled run and its report."""
+    return (plain(cmd, None if name == "glibc" else path), *run(name, cmd, wd, name=tag))
+
+
+def side_reports(tag):
+    """The reports of the processes a run tagged TAG started, beside its own TAG.json."""
+    return [f for f in os.listdir(wd) if f.startswith(f"{tag}.") and f.endswith(".json")
+            and f != f"{tag}.json"]
+
+
 for name, path in allocs.items():
-    a = plain([SIGSYS], None if name == "glibc" else path)
-    b, _ = run(name, [SIGSYS], wd, name=f"sigsys-{name}")
+    a, b, _ = both(name, path, [SIGSYS], f"sigsys-{name}")
     if name == "glibc":
         tap.ok(a.returncode == 0 and b"seen=2" in a.stdout and b"errno=EPERM" in a.stdout
                and b"trapped=1" in a.stdout, "sys_sigsys plain run: 2 raised, EPERM, 1 trap",
@@ -205,7 +216,7 @@ for name, path in allocs.items():
 if shutil.which("strace"):
     trace = os.path.join(wd, "trace")
     proc, _ = run("glibc", ["strace", "-f", "-o", trace, BIG], wd, name="traced")
-    side = [f for f in os.listdir(wd) if f.startswith("traced.") and f.endswith(".json")]
+    side = side_reports("traced")
     big = None
     for f in side:
         with open(os.path.join(wd, f)) as fh:
@@ -228,8 +239,7 @@ else:
 # systemd service's SystemCallFilter does): the program runs as plain; the report says why
 # events and system calls were not measured. `sys_sigsys exec` installs the filter.
 for name, path in allocs.items():
-    a = plain([SIGSYS, "exec", BIG], None if name == "glibc" else path)
-    b, rep = run(name, [SIGSYS, "exec", BIG], wd, name=f"seccomp-{name}")
+    a, b, rep = both(name, path, [SIGSYS, "exec", BIG], f"seccomp-{name}")
     tap.ok(a.returncode == b.returncode == 0 and a.stdout == b.stdout,
            f"sys_big under a seccomp filter, {name}: exit status and stdout as plain",
            f"plain rc {a.returncode}, alloclens rc {b.returncode}\n{b.stderr.decode()[-2000:]}")
@@ -250,15 +260,13 @@ for name, path in allocs.items():
         if how == "nofiles" and name != "glibc":
             continue
         label = f"sys_sigsys later {how} under {name}"
-        a = plain([SIGSYS, "later", how], None if name == "glibc" else path)
         tag = f"later-{how}-{name}"
-        b, rep = run(name, [SIGSYS, "later", how], wd, name=tag)
+        a, b, rep = both(name, path, [SIGSYS, "later", how], tag)
         tap.ok(a.returncode == b.returncode == 0 and a.stdout == b.stdout
                and b"child status 7" in a.stdout,
                f"{label}: exit status and stdout as plain", f"plain rc {a.returncode}, "
                f"alloclens rc {b.returncode}\n{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
-        side = [f for f in os.listdir(wd) if f.startswith(f"{tag}.") and f.endswith(".json")
-                and f != f"{tag}.json"]
+        side = side_reports(tag)
         lines = [l for l in b.stderr.decode().splitlines() if "no report" in l]
         if how == "nofiles":
             tap.ok(rep is None and not side and len(lines) == 2 and all(

@@ -7,6 +7,7 @@
  * usage: host_vfork */
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +26,17 @@ static int wait_for(pid_t pid)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-__attribute__((noinline)) static int run(const char *path, char *const argv[])
+/* vfork and exec PATH; with DEFAULTS the child first sets SIGCHLD and SIGUSR1 to their
+ * defaults (through sigaction and signal). */
+__attribute__((noinline)) static int run(const char *path, char *const argv[], bool defaults)
 {
     pid_t pid = vfork();
     if (pid == 0) {
+        if (defaults) {
+            struct sigaction dfl = { .sa_handler = SIG_DFL };
+            sigaction(SIGCHLD, &dfl, NULL);
+            signal(SIGUSR1, SIG_DFL);
+        }
         execve(path, argv, environ);
         _exit(errno == ENOENT ? 127 : 126);
     }
@@ -57,37 +65,22 @@ static void on_usr1(int sig)
     usr1s++;
 }
 
-/* vfork; the child sets SIGCHLD and SIGUSR1 to their defaults, then execs /bin/true. */
-__attribute__((noinline)) static int run_with_defaults(void)
-{
-    pid_t pid = vfork();
-    if (pid == 0) {
-        struct sigaction dfl = { .sa_handler = SIG_DFL };
-        sigaction(SIGCHLD, &dfl, NULL);
-        signal(SIGUSR1, SIG_DFL);
-        char *t[] = { "true", NULL };
-        execve("/bin/true", t, environ);
-        _exit(126);
-    }
-    return wait_for(pid);
-}
-
 int main(void)
 {
     int bad = 0;
     for (int i = 0; i < 20; i++) {
         char *keep = malloc(100 + (size_t)i * 1000);
         char *t[] = { "true", NULL };
-        int st = run("/bin/true", t);
+        int st = run("/bin/true", t, false);
         if (st != 0)
             bad++;
         free(keep);
     }
     printf("vfork /bin/true x20: %d failed\n", bad);
     char *f[] = { "false", NULL };
-    printf("vfork /bin/false: %d\n", run("/bin/false", f));
+    printf("vfork /bin/false: %d\n", run("/bin/false", f, false));
     char *m[] = { "missing", NULL };
-    printf("vfork missing program: %d\n", run("/nonexistent/alloclens/missing", m));
+    printf("vfork missing program: %d\n", run("/nonexistent/alloclens/missing", m, false));
     printf("vfork child _exit(11): %d\n", vfork_exit(11));
     char *after = strdup("parent allocates after vfork");
     puts(after);
@@ -97,7 +90,8 @@ int main(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGCHLD, &sa, NULL);
     signal(SIGUSR1, on_usr1);
-    int st = run_with_defaults();
+    char *t[] = { "true", NULL };
+    int st = run("/bin/true", t, true);
     raise(SIGUSR1);
     printf("vfork child resets signals, then /bin/true: %d; parent's handlers ran: SIGCHLD %d, SIGUSR1 %d\n",
            st, (int)chlds, (int)usr1s);

@@ -54,6 +54,14 @@ static void fill(size_t size)
     }
 }
 
+/* One thread's batch of SIZE-byte objects, made and freed by itself. */
+static void fill_and_free(size_t size)
+{
+    fill(size);
+    for (int i = 0; i < BATCH; i++)
+        free(batch[i]);
+}
+
 static void *producer(void *arg)
 {
     (void)arg;
@@ -80,9 +88,7 @@ int main(int argc, char **argv)
         long freed = 0;
         for (int r = 0; r < CLASS_ROUNDS; r++) {
             size_t size = SIZE + 48 * (size_t)r;
-            fill(size);
-            for (int i = 0; i < BATCH; i++)
-                free(batch[i]);
+            fill_and_free(size);
             freed += (long)(BATCH * size);
         }
         printf("batch_bytes %d\nfreed_bytes %ld\n", BATCH * SIZE, freed);
@@ -97,11 +103,8 @@ int main(int argc, char **argv)
         for (int i = 0; i < CONSUMERS; i++)
             pthread_join(c[i], NULL);
     } else {
-        for (int r = 0; r < ROUNDS; r++) {
-            fill(SIZE);
-            for (int i = 0; i < BATCH; i++)
-                free(batch[i]);
-        }
+        for (int r = 0; r < ROUNDS; r++)
+            fill_and_free(SIZE);
     }
     printf("batch_bytes %d\n", BATCH * SIZE);
     return 0;
