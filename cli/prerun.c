@@ -42,7 +42,7 @@ int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, s
         }
         fprintf(stderr, "alloclens: %s; probing the allocator instead\n", err);
     }
-    if (_al_config_cache_path(alloc->path, path, cap) < 0) {
+    if (_al_config_cache_path(alloc->path, getenv("XDG_CACHE_HOME"), getenv("HOME"), path, cap) < 0) {
         fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); running without a config\n");
         return -1;
     }
@@ -95,7 +95,7 @@ int _al_cli_cmd_prerun(int argc, char **argv)
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0 || probe_exe(exe, sizeof exe) < 0)
         return 2;
     if (!out) {
-        if (_al_config_cache_path(alloc.path, path, sizeof path) < 0) {
+        if (_al_config_cache_path(alloc.path, getenv("XDG_CACHE_HOME"), getenv("HOME"), path, sizeof path) < 0) {
             fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); give -o FILE\n");
             return 2;
         }

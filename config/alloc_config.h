@@ -53,8 +53,9 @@ const char *_al_config_style_name(enum al_style s);
 
 /* ---- cache.c: where a probed config is kept ----------------------------------------------- */
 
-/* The cache file for the allocator library at ALLOCATOR_PATH (0), or -errno. */
-int _al_config_cache_path(const char *allocator_path, char *out, size_t cap);
+/* The cache file for the allocator library at ALLOCATOR_PATH (0), or -errno; XDG and HOME are
+ * the values of XDG_CACHE_HOME and HOME (NULL: unset), as the caller reads its environment. */
+int _al_config_cache_path(const char *allocator_path, const char *xdg, const char *home, char *out, size_t cap);
 /* Loads the cache file PATH of that library into OUT: 0 when it describes the library as it
  * is now; -ENOENT (none), -ESTALE (the library changed since), -EINVAL (broken: ERR says). */
 int _al_config_cache_lookup(const char *allocator_path, const char *path, struct al_alloc_config *out,

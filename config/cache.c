@@ -19,13 +19,11 @@ static uint64_t fnv1a(const char *s)
     return h;
 }
 
-int _al_config_cache_path(const char *allocator_path, char *out, size_t cap)
+int _al_config_cache_path(const char *allocator_path, const char *xdg, const char *home, char *out, size_t cap)
 {
     char real[AL_CONFIG_PATH_MAX];
     if (!realpath(allocator_path, real))
         return -errno;
-    const char *xdg = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
     char dir[AL_CONFIG_PATH_MAX];
     if (xdg && xdg[0] == '/')
         snprintf(dir, sizeof dir, "%s/alloclens", xdg);

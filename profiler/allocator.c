@@ -170,7 +170,10 @@ void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc
 static int load_cached(struct al_allocator_info *a, struct al_alloc_config *c)
 {
     char path[AL_CONFIG_PATH_MAX], err[512];
-    int r = a->path[0] ? _al_config_cache_path(a->path, path, sizeof path) : -ENOENT;
+    /* _al_env, not getenv: before main, a program's own getenv (bash's) may not know the
+     * environment yet. */
+    int r = a->path[0] ? _al_config_cache_path(a->path, _al_env("XDG_CACHE_HOME"), _al_env("HOME"), path, sizeof path)
+                       : -ENOENT;
     if (r == 0)
         r = _al_config_cache_lookup(a->path, path, c, err, sizeof err);
     if (r == 0) {

@@ -299,12 +299,12 @@ def check_cache(tap, label, alloc, path, truth, tmp):
                                       "--", "/bin/true"], env=env)
         return rc, err, secs, load_report(rep)
 
-    def direct():
-        """/bin/true with the library preloaded directly, no CLI (the cache read, never written):
-        its report's allocator config as well."""
+    def direct(cmd=("/bin/true",)):
+        """CMD with the library preloaded directly, no CLI (the cache read, never written): its
+        report's allocator config as well."""
         n[0] += 1
         rep = os.path.join(tmp, f"cache-{n[0]}.json")
-        rc, out, err, secs = run_cmd(["/bin/true"], env=dict(
+        rc, out, err, secs = run_cmd(list(cmd), env=dict(
             env, LD_PRELOAD=f"{altest.so()}:{path}", ALLOCLENS_OUTPUT=rep, ALLOCLENS_TEXT="off"))
         report = load_report(rep)
         return rc, err, secs, report, ((report or {}).get("allocator") or {}).get("config") or {}
@@ -345,6 +345,15 @@ def check_cache(tap, label, alloc, path, truth, tmp):
            f"{cfg}\n{status(rc, err, secs)}")
     if report is not None:
         check_report(tap, label, report, truth, "direct (LD_PRELOAD) run")
+    # bash answers getenv itself, before main from a table it has not filled yet
+    bash = shutil.which("bash")
+    if bash:
+        rc, err, secs, _, cfg = direct((bash, "-c", "true"))
+        tap.ok(rc == 0 and not err and cfg.get("path") in files1,
+               f"cache: the library used directly in bash under {label} reads the cached config",
+               f"{cfg}\n{status(rc, err, secs)}")
+    else:
+        tap.skip("cache: the library used directly in bash", "bash not installed")
 
     # a copy of the library, by path: probed once; touched, probed again
     copy_dir = os.path.join(tmp, "copy")
