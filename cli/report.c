@@ -186,10 +186,11 @@ static void run_section(struct out *o, json_object *r)
         kv(o, "in allocator", "%.3f ms, all threads (%.1f%% of runtime)", in_alloc / 1e6,
            runtime > 0 ? 100 * in_alloc / runtime : 0);
     json_object *prof = _al_cli_get(r, "profiler");
-    char mapped[32], shadow[32];
+    char mapped[32], shadow[32], peak[32];
     _al_cli_bytes(mapped, sizeof mapped, _al_cli_num(prof, "mapped_bytes"));
     _al_cli_bytes(shadow, sizeof shadow, _al_cli_num(prof, "shadow_bytes"));
-    kv(o, "profiler", "%s mapped, %s of it the shadow table", mapped, shadow);
+    _al_cli_bytes(peak, sizeof peak, _al_cli_num(prof, "process_peak_rss_bytes"));
+    kv(o, "profiler", "%s mapped, %s of it the shadow table (resident); process peak RSS %s", mapped, shadow, peak);
     kv_end(o);
 }
 

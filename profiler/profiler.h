@@ -1082,8 +1082,9 @@ struct al_report {
     bool first_excluded;
     unsigned first_row;
     uint64_t first_cycles;
-    size_t profiler_bytes;
+    size_t profiler_bytes; /* mapped for the profiler's state (the shadow table: resident) */
     size_t shadow_bytes;   /* of profiler_bytes, the shadow table's (resident) */
+    size_t peak_rss_bytes; /* the process's peak resident size so far (VmHWM), 0: unknown */
     uint64_t start_tsc;    /* when the image started */
 };
 

@@ -110,6 +110,9 @@ static void gather(struct al_report *r, enum al_report_kind kind, bool has_statu
     r->start_tsc = image_start.tsc;
     r->shadow_bytes = _al_shadow_footprint();
     r->profiler_bytes = _al_mem_footprint() + r->shadow_bytes;
+    /* Read before the symbolizer runs: what it takes is its own process's. */
+    long hwm = _al_proc_status("VmHWM");
+    r->peak_rss_bytes = hwm > 0 ? (size_t)hwm * 1024 : 0;
 }
 
 void _al_report_syscall_total(const struct al_report *r, unsigned k, uint64_t *count, uint64_t *cycles)

@@ -247,8 +247,9 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
     }
     _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": %llu },\n",
                    r->cycles_per_ns, (unsigned long long)_al_hot.tsc_overhead);
-    _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu, \"shadow_bytes\": %llu },\n",
-                   (unsigned long long)r->profiler_bytes, (unsigned long long)r->shadow_bytes);
+    _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu, \"shadow_bytes\": %llu, \"process_peak_rss_bytes\": %llu },\n",
+                   (unsigned long long)r->profiler_bytes, (unsigned long long)r->shadow_bytes,
+                   (unsigned long long)r->peak_rss_bytes);
     counters(b, r);
     _al_report_memory_json(b, r);
     syscalls(b, r);

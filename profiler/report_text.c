@@ -134,6 +134,8 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
                        (unsigned long long)cont, _al_report_ns(r, (double)wait) / 1e3, (unsigned long long)r->measure.sys.futex_waits);
     }
     _al_report_sites_text(b);
-    _al_buf_printf(b, "profiler     %.1f MiB for its own state (shadow table %.1f MiB)\n\n",
-                   (double)r->profiler_bytes / 1048576.0, (double)r->shadow_bytes / 1048576.0);
+    _al_buf_printf(b, "profiler     %.1f MiB mapped for its own state, mostly never touched (shadow table %.1f MiB "
+                   "resident); process peak RSS %.1f MiB, alloclens in it\n\n",
+                   (double)r->profiler_bytes / 1048576.0, (double)r->shadow_bytes / 1048576.0,
+                   (double)r->peak_rss_bytes / 1048576.0);
 }

@@ -1,6 +1,7 @@
 /* The pages the allocator holds from the kernel: one bit per page, in 4 GiB slices (128 KiB
  * each, made on first use) hung off a directory like level 1's. */
 #include <errno.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "shadow.h"
@@ -10,6 +11,8 @@ _Atomic(struct al_heap_slice *) *_al_heap_dir;
 /* The slices made, in order, so a snapshot need not walk the directory (2^24 entries with a
  * 56-bit address space). */
 #define LISTED_MAX 4096
+
+#define REGIONS_PER_PAGE (4096 / sizeof(((struct al_heap_slice *)0)->bits[0]))
 static _Atomic uint64_t listed[LISTED_MAX];
 static _Atomic uint32_t nlisted;
 
@@ -62,8 +65,8 @@ void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)
                 uint64_t bits = (hi == 63 ? ~0ull : (1ull << (hi + 1)) - 1) & ~((1ull << lo) - 1);
                 if (on)
                     atomic_fetch_or_explicit(&w[i], bits, memory_order_relaxed);
-                else
-                    atomic_fetch_and_explicit(&w[i], ~bits, memory_order_relaxed);
+                else if (atomic_load_explicit(&w[i], memory_order_relaxed) & bits)
+                    atomic_fetch_and_explicit(&w[i], ~bits, memory_order_relaxed); /* else: no page to dirty */
             }
         }
         a = rend;
@@ -101,11 +104,19 @@ void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), v
         struct al_heap_slice *s = listed_slice(k, &d);
         if (!s)
             continue;
+        /* Only the slice's pages that were ever written are read: reading one never written
+         * would map the kernel's zero page there, which mincore counts as resident, and the
+         * table's footprint would grow by memory it does not use (128 KiB a slice). Those
+         * pages hold no bit. */
+        unsigned char written[sizeof *s / 4096];
+        if (mincore(s, sizeof *s, written) < 0)
+            memset(written, 1, sizeof written);
         uint64_t base = d << AL_SHADOW_SLICE_SHIFT, run = 0;
         bool in = false;
         for (unsigned r = 0; r < AL_SHADOW_SLICE_ENTRIES; r++) {
+            bool backed = written[r / REGIONS_PER_PAGE] & 1;
             for (unsigned i = 0; i < AL_SHADOW_PAGES / 64; i++) {
-                uint64_t w = atomic_load_explicit(&s->bits[r][i], memory_order_relaxed);
+                uint64_t w = backed ? atomic_load_explicit(&s->bits[r][i], memory_order_relaxed) : 0;
                 if ((w == 0 && !in) || (w == ~0ull && in))
                     continue;
                 for (unsigned b = 0; b < 64; b++) {

@@ -15,6 +15,11 @@ static size_t dir_bytes;
 #define ALL_MAX (1u << 20)
 static _Atomic(struct al_shadow_region *) *all;
 
+/* Every level-1 slice made, likewise (one per 4 GiB of address space holding objects; one
+ * past the end is counted as wholly resident). */
+#define SLICES_MAX 4096
+static _Atomic(struct al_shadow_slice *) slice_list[SLICES_MAX];
+
 uint64_t _al_shadow_address_bits(void)
 {
     /* With 5-level paging the kernel hands out addresses above 2^47 only to those who ask:
@@ -73,8 +78,11 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
     struct al_shadow_slice *s = atomic_load_explicit(&_al_shadow.dir[d], memory_order_acquire);
     if (!s) {
         s = _al_shadow_install((_Atomic(void *) *)&_al_shadow.dir[d], sizeof *s, 0, &won);
-        if (won)
-            atomic_fetch_add_explicit(&_al_shadow.slices, 1, memory_order_relaxed);
+        if (won) {
+            uint64_t i = atomic_fetch_add_explicit(&_al_shadow.slices, 1, memory_order_relaxed);
+            if (i < SLICES_MAX)
+                atomic_store_explicit(&slice_list[i], s, memory_order_release);
+        }
     }
     if (!s)
         return NULL;
@@ -132,7 +140,11 @@ size_t _al_shadow_resident(const void *p, size_t bytes)
 size_t _al_shadow_footprint(void)
 {
     uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
-    size_t total = mapped(0, slices) + _al_shadow_heap_footprint();
+    size_t total = _al_shadow_dir_touched(slices, dir_bytes) + _al_shadow_heap_footprint();
+    for (uint64_t i = 0; i < slices; i++) {
+        struct al_shadow_slice *s = i < SLICES_MAX ? atomic_load_explicit(&slice_list[i], memory_order_acquire) : NULL;
+        total += s ? _al_shadow_resident(s, sizeof *s) : sizeof *s;
+    }
     uint64_t n = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
     if (n > ALL_MAX)
         n = ALL_MAX;

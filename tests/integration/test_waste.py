@@ -50,6 +50,12 @@ for name in allocs:
     tap.ok(within(peak["total_bytes"], t["heap_rss_peak"], 0.05),
            f"waste_frag under {name}: total at the peak {peak['total_bytes']} within 5% of the heap's "
            f"resident size in /proc/self/smaps, {t['heap_rss_peak']}")
+    # The process's peak RSS, read by the library at exit, holds the heap the program measured
+    # at its peak, and the shadow table (resident) is part of it.
+    prof = rep.get("profiler") or {}
+    tap.ok(prof.get("process_peak_rss_bytes", 0) >= t["heap_rss_peak"] + prof.get("shadow_bytes", 0) > 0,
+           f"waste_frag under {name}: process peak RSS {prof.get('process_peak_rss_bytes')} holds the heap at "
+           f"its peak ({t['heap_rss_peak']}) and the shadow table ({prof.get('shadow_bytes')})")
     for key, s in (("peak", peak), ("final", final)):
         parts = (s["live_requested_bytes"] + s["internal_fragmentation_bytes"] + s["blowup_bytes"]
                  + s["external_fragmentation_bytes"] - s["unbacked_bytes"])
