@@ -22,9 +22,10 @@ sides use the same allocator; glibc needs no preload for our programs, but redis
 linked with jemalloc, so for redis glibc's libc is preloaded to make it the allocator.
 
 Ratios: profiled/plain for times, plain/profiled for requests per second (so > 1 is overhead).
-Memory (malloc_bench and redis): the peak RSS of each side (ru_maxrss from wait4; redis-server's
-VmHWM just before it is shut down) and the report's profiler memory (shadow table and object
-records, and all the profiler's mappings), medians, as a share of the plain peak RSS.
+Memory (every workload but the pair): the peak RSS of each side (ru_maxrss from wait4;
+redis-server's VmHWM just before it is shut down; the profiled side's as the library read it at
+exit, where the report has it), the report's shadow table and object records, and what
+alloclens adds (profiled - plain peak), medians, as a share of the plain peak RSS.
 Added ns per call: (t_profiled - t_plain) * min(T, ncpus) / calls, because T threads on ncpus
 CPUs spend the wall time on min(T, ncpus) CPUs at once; with one thread it is simply
 (t_profiled - t_plain) / calls. The benchmark reports; it exits 0 whether targets are met or not.
