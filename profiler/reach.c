@@ -1,7 +1,7 @@
 /* Whether LD_PRELOAD reaches a program: not a statically linked one (no interpreter in its ELF
  * headers, so nothing loads what LD_PRELOAD names: Go programs, most often), nor one that is
- * set-user-ID or set-group-ID for someone else (the loader runs it securely and ignores
- * LD_PRELOAD's paths). 'alloclens run' asks it of its command, the exec wrappers of what the
+ * set-user-ID or set-group-ID for someone else, nor one with file capabilities run by anyone but
+ * root (the loader runs those securely and ignores LD_PRELOAD's paths). 'alloclens run' asks it of its command, the exec wrappers of what the
  * program execs, so that a report missing for that reason is said to be. And whether the end
  * of a program it reaches can be seen: not a Go program's (cgo's are linked dynamically). */
 #include <elf.h>
@@ -12,7 +12,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
+
+#include <linux/capability.h>
 
 #include "profiler.h"
 
@@ -41,15 +44,40 @@ static bool statically_linked(const char *path)
     return elf && !interp;
 }
 
-/* Not on a file system mounted nosuid, where the bits do nothing. */
+/* A file system mounted nosuid ignores both the bits and file capabilities. */
+static bool nosuid(const char *path)
+{
+    struct statvfs fs;
+    return statvfs(path, &fs) == 0 && (fs.f_flag & ST_NOSUID);
+}
+
 static bool changes_identity(const char *path)
 {
     struct stat st;
-    struct statvfs fs;
-    if (stat(path, &st) < 0 || (statvfs(path, &fs) == 0 && (fs.f_flag & ST_NOSUID)))
+    if (stat(path, &st) < 0 || nosuid(path))
         return false;
     return ((st.st_mode & S_ISUID) && st.st_uid != geteuid()) ||
            ((st.st_mode & S_ISGID) && (st.st_mode & S_IXGRP) && st.st_gid != getegid());
+}
+
+/* The kernel runs a program securely when its file capabilities (the security.capability
+ * attribute) make it effective or give it permitted capabilities, unless the caller is root
+ * (real and effective user id 0). Capabilities the bounding set would mask, or inherited ones
+ * the caller already holds, are not weighed: such files are rare, and a line too many says
+ * only that a report may be missing. */
+static bool gains_capabilities(const char *path)
+{
+    if (getuid() == 0 && geteuid() == 0)
+        return false;
+    struct vfs_ns_cap_data caps;
+    ssize_t n = getxattr(path, "security.capability", &caps, sizeof caps);
+    if (n < (ssize_t)XATTR_CAPS_SZ_1 || nosuid(path))
+        return false;
+    unsigned words = n >= (ssize_t)XATTR_CAPS_SZ_2 ? 2 : 1;
+    bool permitted = false;
+    for (unsigned i = 0; i < words; i++)
+        permitted |= caps.data[i].permitted != 0;
+    return permitted || (caps.magic_etc & VFS_CAP_FLAGS_EFFECTIVE);
 }
 
 /* CMD as exec finds it: itself when it names a path or SEARCH is false (execve, execv), else
@@ -78,6 +106,9 @@ const char *_al_preload_unreachable(const char *cmd, bool search)
         return "is statically linked: nothing can be put in front of its allocator";
     if (changes_identity(found))
         return "is set-user-ID or set-group-ID: the loader ignores LD_PRELOAD for it";
+    if (gains_capabilities(found))
+        return "has file capabilities (security.capability), run by a user other than root: the loader "
+               "ignores LD_PRELOAD for it";
     return NULL;
 }
 

@@ -16,7 +16,10 @@
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -422,6 +425,53 @@ START_TEST(seccomp_report_refused)
 }
 END_TEST
 
+/* A program with file capabilities is run securely (LD_PRELOAD ignored) for anyone but root:
+ * said of it when a user runs it, not when root does, nor of the same file without them. Root
+ * makes the file (cap_net_raw, permitted and effective, as ping has); a child turned into
+ * nobody asks. */
+static const char *reach_as(uid_t uid, const char *path)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        const char *why = (setgid(uid) == 0 && setuid(uid) == 0) ? _al_preload_unreachable(path, false) : "setuid failed";
+        ssize_t n = write(fds[1], why ? why : "", why ? strlen(why) : 0);
+        _exit(n < 0);
+    }
+    close(fds[1]);
+    static char buf[256];
+    ssize_t n = read(fds[0], buf, sizeof buf - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    return buf;
+}
+
+START_TEST(reach_file_capabilities)
+{
+    if (geteuid() != 0)
+        return; /* only root can give a file capabilities */
+    char dir[] = "/tmp/al-caps-XXXXXX", path[64];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/prog", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    const uid_t nobody = 65534;
+    ck_assert_str_eq(reach_as(nobody, path), "");
+    const uint32_t caps[5] = { 0x02000000u | 1u /* revision 2, effective */, 1u << 13, 0, 0, 0 };
+    if (setxattr(path, "security.capability", caps, sizeof caps, 0) == 0) {
+        ck_assert_ptr_nonnull(strstr(reach_as(nobody, path), "has file capabilities"));
+        ck_assert_ptr_null(_al_preload_unreachable(path, false)); /* root */
+    }
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("profiler");
@@ -441,6 +491,7 @@ int main(void)
     tcase_add_test(tc, proc_written_pages);
     tcase_add_test(tc, seccomp_filter_runs);
     tcase_add_test(tc, seccomp_report_refused);
+    tcase_add_test(tc, reach_file_capabilities);
     suite_add_tcase(s, tc);
     return al_check_run(s);
 }
