@@ -882,9 +882,8 @@ def main():
     if not args.skip_programs:
         print("python3: the CPU time (user + system) of bench/py_workload.py's own work; sqlite3: "
               f"the sum of its statements' CPU times (.timer) on {SQLITE_ROWS} rows in memory; "
-              "start-up and the report at exit are in neither; peak RSS: the larger of the "
-              "program's and alloclens's symbolizer's, which names the sampled sites after the "
-              "run." + (f" {programs_note}" if programs_note else ""))
+              "start-up and the report at exit are in neither." +
+              (f" {programs_note}" if programs_note else ""))
     if not args.skip_redis:
         pinned = ("" if args.no_pin or ncpus < 2 else
                   "; server and client pinned to separate CPUs")
