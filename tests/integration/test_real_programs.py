@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Real programs, unchanged: python3, sqlite3, git, bash, a C++ container workload (also run by
-valgrind) and redis-server, each run plain and then under `alloclens run -a NAME` for every
+"""Real programs, unchanged: python3, sqlite3, git, bash, perl and gcc, a C++ container workload
+(also run by valgrind) and redis-server, each run plain and then under `alloclens run -a NAME` for every
 allocator `alloclens allocators` finds, in each mode (full, time, sample: ALLOCLENS_MODE).
 Output and exit status must be byte-identical to the plain run, and every profiled process must
 leave a report naming the allocator that served it, with nonzero malloc-family counts.
@@ -336,6 +336,64 @@ def bash_workload():
             children=True),
     ]
     return Workload("bash", ["bash"], setup, steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# perl and the C toolchain: a hash-heavy perl script, then gcc compiling and linking a C file
+# (its driver forks cc1, as, collect2 and ld, each reporting); the program it made runs, and its
+# bytes are the same whatever allocator gcc ran under.
+
+PERL_SCRIPT = r"""
+use strict;
+use warnings;
+use Digest::MD5 qw(md5_hex);
+my %count;
+my @words = map { sprintf("w%05d", ($_ * 7919) % 30011) } 1 .. 120000;
+$count{$_}++ for @words;
+my @top = (sort { $count{$b} <=> $count{$a} || $a cmp $b } keys %count)[0 .. 4];
+my $joined = join(",", map { "$_=$count{$_}" } @top);
+my @parts = split /,/, $joined;
+print scalar(keys %count), " ", $joined, " ", md5_hex(join("", sort @words)), "\n";
+print STDERR "parts ", scalar(@parts), "\n";
+exit 5;
+"""
+
+TOOLCHAIN_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+struct node { struct node *next; char word[24]; };
+int main(void)
+{
+    struct node *head = NULL;
+    for (int i = 0; i < 5000; i++) {
+        struct node *n = malloc(sizeof *n);
+        snprintf(n->word, sizeof n->word, "w%05d", (i * 7919) % 5000);
+        n->next = head;
+        head = n;
+    }
+    unsigned long h = 5381;
+    for (struct node *n = head; n; n = n->next)
+        for (const char *c = n->word; *c; c++)
+            h = h * 33 + (unsigned char)*c;
+    printf("%lu\n", h);
+    return 0;
+}
+"""
+
+
+def toolchain_workload():
+    def setup(wd):
+        for name, text in (("words.pl", PERL_SCRIPT), ("prog.c", TOOLCHAIN_C)):
+            with open(os.path.join(wd, name), "w") as f:
+                f.write(text)
+
+    steps = [
+        Cmd("perl", ["perl", "words.pl"], status=5),
+        Cmd("cc", ["gcc", "-O2", "-o", "prog", "prog.c"], children=True),
+        Cmd("prog", ["./prog"]),
+        Cmd("sum", ["sha256sum", "prog"]),
+    ]
+    return Workload("toolchain", ["perl", "gcc", "sha256sum"], setup, steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,7 +779,7 @@ def main():
     tap.diag(f"work directory {top}")
 
     workloads = [python_workload(), sqlite_workload(), git_workload(), bash_workload(),
-                 cxx_workload(cxx_bin), valgrind_workload(cxx_bin)]
+                 toolchain_workload(), cxx_workload(cxx_bin), valgrind_workload(cxx_bin)]
     for wl in workloads:
         missing = [p for p in wl.programs if not p or not installed(p)]
         if missing:
