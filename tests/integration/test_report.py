@@ -8,9 +8,11 @@ JSON ops table must be in the text and in the HTML page's ops table with its exa
 section is there (or says it is unavailable, with the report's reason, as memory waste does in
 --mode time); the program's arguments are escaped in the HTML; bad input (no file, not JSON, not
 a report, an unwritable --html path, wrong arguments) gets one line on stderr and status 2.
+Every field of the full-mode report is documented in docs/report-schema.md.
 """
 import html.parser
 import os
+import re
 import subprocess
 import sys
 
@@ -54,6 +56,32 @@ class Tables(html.parser.HTMLParser):
             self.head += data
 
 
+SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "report-schema.md")
+# Objects whose keys are names (ops, syscalls by op and size class), not fields.
+NAME_MAPS = {"counted_ops", "per_op", "by_op", "by_op_size_class"}
+
+
+def undocumented(rep):
+    """The report's field names docs/report-schema.md does not show as "name": ..., each with
+    the first path it was found at."""
+    with open(SCHEMA) as f:
+        documented = set(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"\s*:', f.read()))
+    missing = {}
+
+    def walk(o, path):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k not in documented:
+                    missing.setdefault(k, f"{path}.{k}")
+                if k not in NAME_MAPS:
+                    walk(v, f"{path}.{k}")
+        elif isinstance(o, list):
+            for x in o:
+                walk(x, f"{path}[]")
+    walk(rep, "")
+    return sorted(missing.values())
+
+
 def report(args, tmp):
     return subprocess.run([altest.cli(), "report", *args], capture_output=True, text=True, cwd=tmp,
                           timeout=60)
@@ -70,9 +98,14 @@ def main():
     tap = altest.Tap()
     tmp = altest.tmpdir()
     odd = '<b>&"x"'
-    proc, rep = altest.run("glibc", [prog, "--scale", "1", "--threads", "2"], tmp, name="full")
+    # Sampled densely, so that the sites section has rows to show.
+    proc, rep = altest.run("glibc", [prog, "--scale", "1", "--threads", "2"], tmp, name="full",
+                           extra=("--sample-rate", "4096"))
     if not tap.ok(rep is not None, "a full-mode report to render", proc.stderr.decode(errors="replace")[-800:]):
         tap.done()
+    tap.ok(rep["sites"].get("top") and rep["syscalls"] and not undocumented(rep),
+           "every field of the report (sites and syscalls rows included) is in docs/report-schema.md",
+           f"undocumented: {undocumented(rep)}")
     path = os.path.join(tmp, "full.json")
     want = ops_rows(rep)
     th, runtime = rep["threads"], rep["program"]["runtime_ns"]
