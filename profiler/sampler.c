@@ -361,10 +361,11 @@ static void measure_residency(void)
     _al_proc_pagemap_close(pagemap);
 }
 
-/* Lock held: the estimated live bytes just passed their previous peak by a MiB. The per-site
- * live bytes are copied at every new peak. Residency is measured when the peak has grown by
- * an eighth since it was last measured, and as late as the peak's set of samples stands: at
- * the next sampled allocation or free, or at the report. Measured at once, the object that
+/* Lock held: a new peak, the heap's (full mode) or else the estimated live bytes' (passed
+ * their previous peak by a MiB). The per-site live bytes are copied at every new peak.
+ * Residency is measured when the estimate has grown by an eighth since it was last measured,
+ * and as late as the peak's set of samples stands: at the next sampled allocation or free, or
+ * at the report. Measured at once, the object that
  * made the peak would always look untouched: its caller has not had it back yet. */
 static void snapshot(uint64_t now)
 {
@@ -428,8 +429,18 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     st->alloc_objects += objects;
     st->frag_bytes += (double)(usable > size ? usable - size : 0) * objects;
     st->count++;
-    if (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || _al_sampler.peak_time == 0)
+    if (!_al_waste.enabled && (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || _al_sampler.peak_time == 0))
         snapshot(now);
+    unlock();
+}
+
+void _al_sampler_heap_peak(bool unless_lower)
+{
+    if (!_al_sampler.enabled)
+        return;
+    lock();
+    if (!unless_lower || s.live_bytes >= _al_sampler.peak_bytes)
+        snapshot(_al_tsc());
     unlock();
 }
 
@@ -452,7 +463,7 @@ void _al_sampler_collect(void)
 {
     lock();
     _al_sampler.live_bytes_at_exit = s.live_bytes;
-    if (s.live_bytes > _al_sampler.peak_bytes)
+    if (!_al_waste.enabled && s.live_bytes > _al_sampler.peak_bytes)
         snapshot(_al_tsc());
     /* Still at the peak: the residency of exactly the peak's samples can be had now. */
     if (s.residency_pending || (s.live_bytes >= _al_sampler.peak_bytes && s.nsamples))

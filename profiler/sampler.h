@@ -16,7 +16,7 @@ struct al_site {
     uintptr_t frames[AL_SITE_FRAMES];  /* return addresses, the program's caller first */
     double alloc_bytes, alloc_objects; /* estimated over the run */
     double live_bytes, live_objects;   /* estimated, now */
-    double peak_live_bytes;            /* estimated, at the peak of all live bytes */
+    double peak_live_bytes;            /* estimated, at the peak (_al_sampler_heap_peak) */
     double frag_bytes;                 /* estimated usable - requested over the run */
     double at_peak[3];                 /* resident, swapped, never touched bytes at the peak */
     uint64_t count;                    /* samples taken here */
@@ -57,6 +57,11 @@ void _al_sampler_thread_init(struct al_thread *t);
 /* The sampler's state for the report, taken once before any writer runs: the last peak
  * snapshot, the residency of the peak's samples, the live bytes now. */
 void _al_sampler_collect(void);
+/* Full mode (waste.c): the heap just measured larger than ever, or (UNLESS_LOWER) as large at
+ * exit: what the sites hold now is their peak, unless UNLESS_LOWER and their estimate is lower
+ * than at the last one. Without the heap's measure (the other modes) the peak is where the
+ * sites' own estimate was highest. */
+void _al_sampler_heap_peak(bool unless_lower);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
 void _al_sampler_atfork_child(void);

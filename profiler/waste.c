@@ -37,6 +37,10 @@ static struct {
     /* The last measurement and the resident size then, in pages, as one word (heap << 32 |
      * rss) so that a look never pairs one measurement's heap with another's size. */
     _Atomic uint64_t measured;
+    /* The largest heap measured: when a measurement passes it, the sampler notes what its
+     * sites hold (their live bytes at the peak are the heap's peak's, not their own estimate's
+     * highest, which its noise would lift). */
+    uint64_t sites_total;
     /* Zero between snapshots: a snapshot writes only the rows some thread has counts in, and
      * zeroes those again, so that in a forked child (whose tables are its parent's pages until
      * written) it copies a few pages, not the whole table. */
@@ -367,6 +371,10 @@ static void check_footprint(void)
     atomic_store_explicit(&snap.measured, (total / 4096) << 32 | (rss / 4096 & 0xffffffffu),
                           memory_order_relaxed);
     raise_highest(total);
+    if (total > snap.sites_total) {
+        snap.sites_total = total;
+        _al_sampler_heap_peak(false);
+    }
     /* The heap cannot pass the mark before the process grows by what it lacks. */
     uint64_t lack = _al_waste.peak.taken && total < _al_waste.peak.total + AL_SNAP_STEP
                         ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
@@ -399,6 +407,11 @@ void _al_waste_final(void)
     int pagemap = _al_proc_pagemap_open();
     take(&s, _al_heap_resident(), pagemap);
     _al_waste.final = s;
+    /* The heap at exit as large as the largest measured: the sites' peak is now, if their
+     * estimate agrees it is no lower (a program that freed its objects and kept their pages has
+     * its peak behind it). */
+    if (s.total >= snap.sites_total)
+        _al_sampler_heap_peak(s.total == snap.sites_total);
     /* The state at exit is the peak only if it passed the largest footprint there may have been
      * at a look during the run by more than the rule can miss (a step, plus what a thread
      * allocates between two looks): otherwise the peak is the snapshot taken when that
@@ -436,6 +449,7 @@ void _al_waste_after_fork_child(void)
     snap.taken = 0;
     atomic_store(&snap.highest, 0);
     atomic_store(&snap.measured, 0);
+    snap.sites_total = 0;
     _al_waste.peak.taken = false;
     _al_waste.peak.total = 0;
 }

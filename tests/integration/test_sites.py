@@ -27,6 +27,9 @@ chi-square with 19 degrees of freedom is inside [0.32, 2.4] times its mean 99.9%
 where theory says there is no spread (p = 1) there is none. Per run: each sample weighs Z/p
 exactly, sites that keep everything live until exit have live_bytes_at_peak equal to
 allocated_bytes, sites that freed everything before the peak have none live at it.
+A third series (20 seeds, --churn) puts the heap's peak at the end while the sampler's own
+estimate of what is live is highest earlier, in a batch of transient objects: the sites' peak is
+the heap's (full mode), so the batches hold nothing at it and the small objects all of theirs.
 
 `--simulate` runs the same statistical checks on binomially drawn samples (a correct sampler) and
 prints how often each one fails: the false-alarm rate of this test. With 2000 rounds: each mean
@@ -591,10 +594,13 @@ def check_mode_sample(tap, prog, tmp):
     rows_f, rows_s = site_rows(full), site_rows(samp)
     tap.ok(rows_of(rows_s, "site_counted_mallocs"),
            "--mode sample: the sites table has site_counted_mallocs", show_rows(samp))
-    ef = {m: site_value(rows_f, "site_counted_mallocs", m) for m in METRICS}
-    es = {m: site_value(rows_s, "site_counted_mallocs", m) for m in METRICS}
-    tap.ok(ef == es, "--mode sample: same seed, same site estimates as --mode full",
-           f"full {ef}\nsample {es}")
+    # Live bytes at the peak are not compared: full mode's peak is the heap's, measured; sample
+    # mode has no heap measure, and its peak is where its own estimate was highest.
+    same = [m for m in METRICS if m != "live_bytes_at_peak"]
+    ef = {m: site_value(rows_f, "site_counted_mallocs", m) for m in same}
+    es = {m: site_value(rows_s, "site_counted_mallocs", m) for m in same}
+    tap.ok(ef == es, "--mode sample: same seed, same site estimates as --mode full (all but the "
+           "peak's)", f"full {ef}\nsample {es}")
     est = es["allocated_bytes"]
     # ~170 samples of mixed sizes: 4.5 standard errors is about 35%.
     tap.ok(abs(est - truth["bytes"]) <= 0.35 * truth["bytes"],
@@ -730,6 +736,11 @@ def main():
         stat_checks(tap, label, truth, values(reports, truth), SMALL_RATE)
         check_counts_mean(tap, label, reports, "site_small_objects",
                           truth["site_small_objects"], SMALL_RATE)
+
+    label = "churn"
+    reports, truth = run_series(tap, label, stats, ["--churn"], None, tmp)
+    if reports:
+        per_run_checks(tap, label, reports, truth, None, os.path.basename(stats) + ".c")
 
     check_pagemap(tap, pagemap, tmp)
     check_pagemap(tap, pagemap, tmp, "--after")

@@ -21,9 +21,18 @@
  * Nothing of the program's own bookkeeping comes from malloc (static arrays; output through a
  * static buffer and write(2)), so the sites above are the program's only ones.
  *
- * usage: sites_stats [--small N] [--no-transient]
+ * --churn runs instead, for where the peak is:
+ *   1. site_churn_batches:  20 batches of 160 x 64 KiB (10 MiB live at once), each batch freed
+ *                           before the next; the heap shrinks back after each
+ *   2. site_small_objects:  as above (1,000,000 x 8 B: 32 MB of heap), live until exit
+ * The heap's peak is at the end, where the batches hold nothing; the sampler's estimate of
+ * what is live is higher in some batch (a batch is about 18 samples, so its estimate varies
+ * by a quarter, and the highest of 20 is half again what the small site's is).
+ *
+ * usage: sites_stats [--small N] [--no-transient] [--churn]
  *   --small N         N objects in site_small_objects (default 1000000; 0 skips the site)
  *   --no-transient    skip site_medium_objects and site_mixed_sizes
+ *   --churn           site_churn_batches and site_small_objects only
  */
 #include <malloc.h>
 #include <stdio.h>
@@ -47,7 +56,7 @@ struct truth {
     unsigned long size[8], count[8], usable[8];
     int nsizes;
 };
-static struct truth truths[4];
+static struct truth truths[5];
 static int ntruths;
 
 static struct truth *truth(const char *name)
@@ -59,7 +68,7 @@ static struct truth *truth(const char *name)
 
 /* malloc_usable_size of the first object of each size each site got, by site and size. */
 struct usable { unsigned long size, usable; };
-static struct usable usables[4][8];
+static struct usable usables[5][8];
 
 static void note_usable(int site, unsigned long size, void *p)
 {
@@ -133,6 +142,22 @@ NOINL static void site_small_objects(unsigned long n)
     }
 }
 
+NOINL static void site_churn_batches(unsigned long batches, unsigned long per_batch)
+{
+    static void *batch[160];
+    for (unsigned long b = 0; b < batches; b++) {
+        for (unsigned long i = 0; i < per_batch; i++) {
+            batch[i] = malloc(64 * KiB);
+            if (!batch[i])
+                abort();
+            if (b == 0 && i == 0)
+                note_usable(4, 64 * KiB, batch[i]);
+        }
+        for (unsigned long i = 0; i < per_batch; i++)
+            free(batch[i]);
+    }
+}
+
 NOINL static void site_huge_objects(void)
 {
     for (int i = 0; i < 8; i++) {
@@ -149,27 +174,36 @@ static char out[8192];
 int main(int argc, char **argv)
 {
     unsigned long nsmall = 1000000;
-    int transient = 1;
+    int transient = 1, churn = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--small") == 0 && i + 1 < argc)
             nsmall = strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--no-transient") == 0)
             transient = 0;
+        else if (strcmp(argv[i], "--churn") == 0)
+            churn = 1;
         else
             nsmall = SMALL_MAX + 1;
     }
     if (nsmall > SMALL_MAX) {
-        static const char msg[] = "usage: sites_stats [--small N (at most 4000000)] [--no-transient]\n";
+        static const char msg[] = "usage: sites_stats [--small N (at most 4000000)] [--no-transient] [--churn]\n";
         if (write(2, msg, sizeof msg - 1) < 0)
             return 2;
         return 2;
     }
 
-    /* truths[] in the order of usables[]: medium, mixed, small, huge */
+    /* truths[] in the order of usables[]: medium, mixed, small, huge, churn */
     struct truth *medium = truth("site_medium_objects"), *mixed = truth("site_mixed_sizes");
     struct truth *small = truth("site_small_objects"), *huge = truth("site_huge_objects");
+    struct truth *batches = truth("site_churn_batches");
     const unsigned long nmedium = 16384, mixed_rounds = 16384, huge_every = 1024;
+    const unsigned long nbatches = 20, per_batch = 160;
 
+    if (churn) {
+        site_churn_batches(nbatches, per_batch);
+        count(batches, 64 * KiB, nbatches * per_batch);
+        transient = 0;
+    }
     if (transient) {
         site_medium_objects(nmedium);
         count(medium, 64 * KiB, nmedium);
@@ -190,9 +224,11 @@ int main(int argc, char **argv)
         small->live_bytes = small->bytes;
     }
 
-    site_huge_objects();
-    count(huge, 8 * MiB, 8);
-    huge->live_bytes = huge->bytes;
+    if (!churn) {
+        site_huge_objects();
+        count(huge, 8 * MiB, 8);
+        huge->live_bytes = huge->bytes;
+    }
 
     size_t len = 0;
     len += snprintf(out + len, sizeof out - len, "{\"sites\":{");
