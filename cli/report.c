@@ -342,8 +342,12 @@ static void sites_section(struct out *o, json_object *r)
         return;
     char peak[32];
     _al_cli_bytes(peak, sizeof peak, _al_cli_num(s, "live_bytes_at_peak"));
-    note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated); names from %s",
-         _al_cli_num(s, "sample_rate_bytes"), peak, _al_cli_str(s, "symbols"));
+    char when[96] = "";
+    const char *source = _al_cli_str(s, "peak_source"); /* absent from older reports */
+    if (*source)
+        snprintf(when, sizeof when, ", at the %s's peak, %.3f s", source, _al_cli_num(s, "peak_time_ns") / 1e9);
+    note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated%s); names from %s",
+         _al_cli_num(s, "sample_rate_bytes"), peak, when, _al_cli_str(s, "symbols"));
     static const char *const heads[] = { "live at peak", "allocated", "objects", "internal", "where" };
     static const int widths[] = { 12, 12, 10, 11, -1 };
     table(o, 5, heads, widths);

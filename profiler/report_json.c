@@ -255,6 +255,6 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
     syscalls(b, r);
     locks(b, r);
     unavailable(b, "friendliness", "access sampling is not in this build yet", false);
-    _al_report_sites_json(b, r->cycles_per_ns);
+    _al_report_sites_json(b, r);
     _al_buf_puts(b, "}\n");
 }

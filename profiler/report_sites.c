@@ -112,8 +112,23 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
         _al_mem_unmap(r, (n + 1) * sizeof *r);
 }
 
-void _al_report_sites_json(struct al_buf *b, double cycles_per_ns)
+/* Which peak the sites' live bytes are taken at (see _al_sampler_heap_peak), and when: ns
+ * since the process image started (a peak at exit, found while the report is gathered, is
+ * the run's end). */
+static const char *peak_source(void)
 {
+    return _al_waste.enabled ? "heap" : "estimate";
+}
+
+static double peak_ns(const struct al_report *r)
+{
+    double ns = _al_sampler.peak_time > r->start_tsc ? _al_report_ns(r, (double)(_al_sampler.peak_time - r->start_tsc)) : 0;
+    return ns < (double)r->runtime_ns ? ns : (double)r->runtime_ns;
+}
+
+void _al_report_sites_json(struct al_buf *b, const struct al_report *r)
+{
+    double cycles_per_ns = r->cycles_per_ns;
     if (!_al_sampler.enabled) {
         _al_buf_puts(b, "  \"sites\": { \"available\": false, \"reason\": \"allocation-site sampling is off "
                         "(ALLOCLENS_SAMPLE_RATE=0)\" }\n");
@@ -121,9 +136,10 @@ void _al_report_sites_json(struct al_buf *b, double cycles_per_ns)
     }
     _al_sampler_lock();
     _al_buf_printf(b, "  \"sites\": { \"available\": true, \"sample_rate_bytes\": %.0f, \"seed\": %llu, \"sites\": %u, "
-                   "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n",
+                   "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n"
+                   "    \"peak_source\": \"%s\", \"peak_time_ns\": %.0f,\n",
                    _al_sampler.rate, (unsigned long long)_al_sampler.seed, _al_sampler.nsites, _al_sampler.peak_bytes,
-                   _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped);
+                   _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped, peak_source(), peak_ns(r));
     const char *why = _al_symbols_unavailable();
     _al_buf_puts(b, "    \"symbols\": ");
     _al_buf_json_str(b, _al_symbols_source());
@@ -140,7 +156,7 @@ void _al_report_sites_json(struct al_buf *b, double cycles_per_ns)
     _al_sampler_unlock();
 }
 
-void _al_report_sites_text(struct al_buf *b)
+void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
 {
     if (!_al_sampler.enabled) {
         _al_buf_puts(b, "sites        unavailable: sampling is off (ALLOCLENS_SAMPLE_RATE=0)\n");
@@ -149,8 +165,9 @@ void _al_report_sites_text(struct al_buf *b)
     _al_sampler_lock();
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
-    _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated)\n",
-                   _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0);
+    _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, "
+                   "at the %s's peak, %.3f s)\n", _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0,
+                   peak_source(), peak_ns(rep) / 1e9);
     const char *why = _al_symbols_unavailable();
     if (why)
         _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);

@@ -133,7 +133,7 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
                        "(%.1f us waiting); futex waits %llu\n", nlocks, (unsigned long long)acq,
                        (unsigned long long)cont, _al_report_ns(r, (double)wait) / 1e3, (unsigned long long)r->measure.sys.futex_waits);
     }
-    _al_report_sites_text(b);
+    _al_report_sites_text(b, r);
     _al_buf_printf(b, "profiler     %.1f MiB mapped for its own state, mostly never touched (shadow table %.1f MiB "
                    "resident); process peak RSS %.1f MiB, alloclens in it\n\n",
                    (double)r->profiler_bytes / 1048576.0, (double)r->shadow_bytes / 1048576.0,

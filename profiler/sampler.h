@@ -68,8 +68,9 @@ void _al_sampler_atfork_child(void);
 
 /* report_sites.c */
 struct al_buf;
-void _al_report_sites_json(struct al_buf *b, double cycles_per_ns);
-void _al_report_sites_text(struct al_buf *b);
+struct al_report;
+void _al_report_sites_json(struct al_buf *b, const struct al_report *r);
+void _al_report_sites_text(struct al_buf *b, const struct al_report *r);
 void _al_report_pprof(const char *path, uint64_t runtime_ns);
 
 #endif

@@ -579,6 +579,12 @@ def check_mode_sample(tap, prog, tmp):
     (full, truth), (samp, _) = results["full"], results["sample"]
     tap.ok(full.get("mode") == "full" and samp.get("mode") == "sample",
            "--mode: the report's mode field says which", f"{full.get('mode')!r}, {samp.get('mode')!r}")
+    peaks = {m: (rep["sites"].get("peak_source"), num(rep["sites"].get("peak_time_ns")),
+                 num(rep["program"].get("runtime_ns"))) for m, (rep, _) in results.items()}
+    tap.ok(peaks["full"][0] == "heap" and peaks["sample"][0] == "estimate"
+           and all(0 < t <= run for _, t, run in peaks.values()),
+           "sites.peak_source: the heap's in full mode, the estimate's in --mode sample; "
+           "peak_time_ns within the run", str(peaks))
     env = dict(os.environ, ALLOCLENS_MODE="sample", ALLOCLENS_SEED="5")
     proc, viaenv, _, why = run([prog], tmp, "mode-env", env=env)
     tap.ok(not why and viaenv.get("mode") == "sample" and op_totals(viaenv) == op_totals(samp)
