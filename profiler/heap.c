@@ -127,10 +127,10 @@ static void add_run(uint64_t start, uint64_t end, void *arg)
     r->end = end;
 }
 
-uint64_t _al_heap_resident(void)
+uint64_t _al_heap_resident(int pagemap)
 {
     struct runs r = { 0, 0, 0 };
-    _al_shadow_heap_runs(add_run, &r);
+    _al_shadow_heap_runs(pagemap, add_run, &r);
     if (r.end > r.start)
         r.total += resident(r.start, r.end);
     return r.total;

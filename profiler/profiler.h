@@ -596,7 +596,8 @@ AL_INLINE void _al_heap_see(uint64_t a)
         _al_heap_discover(a);
 }
 uint64_t _al_heap_discovered(void);
-uint64_t _al_heap_resident(void);
+/* Resident bytes of the allocator's heap; PAGEMAP as for _al_shadow_heap_runs. */
+uint64_t _al_heap_resident(int pagemap);
 
 /* ---- waste.c: memory waste, per size class, snapshots at the peak -------------------------- */
 

@@ -1,10 +1,12 @@
 /* Whether LD_PRELOAD reaches a program: not a statically linked one (no interpreter in its ELF
  * headers, so nothing loads what LD_PRELOAD names: Go programs, most often), nor one that is
- * set-user-ID or set-group-ID for someone else, nor one with file capabilities run by anyone but
- * root (the loader runs those securely and ignores LD_PRELOAD's paths). 'alloclens run' asks it of its command, the exec wrappers of what the
- * program execs, so that a report missing for that reason is said to be. And whether the end
- * of a program it reaches can be seen: not a Go program's (cgo's are linked dynamically). */
+ * set-user-ID or set-group-ID for someone else, nor one with file capabilities run by anyone
+ * but root (the loader runs those securely and ignores LD_PRELOAD's paths). 'alloclens run'
+ * asks it of its command, the exec wrappers of what the program execs, so that a report
+ * missing for that reason is said to be. And whether the end of a program it reaches can be
+ * seen: not a Go program's (cgo's are linked dynamically). */
 #include <elf.h>
+#include <endian.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <link.h>
@@ -76,8 +78,8 @@ static bool gains_capabilities(const char *path)
     unsigned words = n >= (ssize_t)XATTR_CAPS_SZ_2 ? 2 : 1;
     bool permitted = false;
     for (unsigned i = 0; i < words; i++)
-        permitted |= caps.data[i].permitted != 0;
-    return permitted || (caps.magic_etc & VFS_CAP_FLAGS_EFFECTIVE);
+        permitted |= caps.data[i].permitted != 0; /* little-endian, but only zero or not matters */
+    return permitted || (le32toh(caps.magic_etc) & VFS_CAP_FLAGS_EFFECTIVE);
 }
 
 /* CMD as exec finds it: itself when it names a path or SEARCH is false (execve, execv), else

@@ -56,8 +56,10 @@ static struct {
     uint64_t nsamples;
     _Atomic uint64_t thread_ordinal;
     uintptr_t self_lo, self_hi;  /* our own code, kept out of the stacks */
-    double live_bytes, residency_peak;
+    double live_bytes;
+    double residency_peak;  /* the peak's size (heap or estimate) when residency was last measured */
     bool residency_pending;
+    bool peak_set_current;  /* the live samples are still the peak's: none added or freed since */
     uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s;
 
@@ -166,7 +168,7 @@ void _al_sampler_atfork_child(void)
         _al_sampler.dropped = 0;
         s.nsamples = 0;
         s.live_bytes = s.residency_peak = 0;
-        s.residency_pending = false;
+        s.residency_pending = s.peak_set_current = false;
     }
     unlock();
 }
@@ -361,20 +363,27 @@ static void measure_residency(void)
     _al_proc_pagemap_close(pagemap);
 }
 
-/* Lock held: a new peak, the heap's (full mode) or else the estimated live bytes' (passed
- * their previous peak by a MiB). The per-site live bytes are copied at every new peak.
- * Residency is measured when the estimate has grown by an eighth since it was last measured,
- * and as late as the peak's set of samples stands: at the next sampled allocation or free, or
- * at the report. Measured at once, the object that
- * made the peak would always look untouched: its caller has not had it back yet. */
-static void snapshot(uint64_t now)
+/* Whether the peak is the heap's, measured by waste.c (full mode), rather than the estimate's. */
+static bool heap_measured(void)
+{
+    return _al_waste.enabled;
+}
+
+/* Lock held: a new peak of SIZE bytes, the heap's (full mode) or else the estimated live bytes'
+ * (passed their previous peak by a MiB). The per-site live bytes are copied at every new peak.
+ * Residency is measured when the peak has grown by an eighth since it was last measured, and
+ * as late as the peak's set of samples stands: at the next sampled allocation or free, or at
+ * the report. Measured at once, the object that made the peak would always look untouched:
+ * its caller has not had it back yet. */
+static void snapshot(uint64_t now, double size)
 {
     _al_sampler.peak_bytes = s.live_bytes;
     _al_sampler.peak_time = now;
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
         _al_sampler.sites[i].peak_live_bytes = _al_sampler.sites[i].live_bytes;
-    if (s.live_bytes >= s.residency_peak * 1.125) {
-        s.residency_peak = s.live_bytes;
+    s.peak_set_current = true;
+    if (size >= s.residency_peak * 1.125) {
+        s.residency_peak = size;
         s.residency_pending = true;
     }
 }
@@ -407,6 +416,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     lock();
     if (s.residency_pending)
         measure_residency();
+    s.peak_set_current = false;
     struct sample *old = find((uintptr_t)p);
     if (old) /* freed behind our back (a realloc racing with its free): forget the old one */
         forget(old, now);
@@ -429,18 +439,19 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     st->alloc_objects += objects;
     st->frag_bytes += (double)(usable > size ? usable - size : 0) * objects;
     st->count++;
-    if (!_al_waste.enabled && (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || _al_sampler.peak_time == 0))
-        snapshot(now);
+    bool higher = s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || _al_sampler.peak_time == 0;
+    if (!heap_measured() && higher)
+        snapshot(now, s.live_bytes);
     unlock();
 }
 
-void _al_sampler_heap_peak(bool unless_lower)
+void _al_sampler_heap_peak(uint64_t heap, bool unless_lower)
 {
     if (!_al_sampler.enabled)
         return;
     lock();
     if (!unless_lower || s.live_bytes >= _al_sampler.peak_bytes)
-        snapshot(_al_tsc());
+        snapshot(_al_tsc(), (double)heap);
     unlock();
 }
 
@@ -452,8 +463,10 @@ AL_NOINLINE void _al_sample_free(const void *p)
     struct sample *e = find((uintptr_t)p);
     if (e && s.residency_pending)
         measure_residency();
-    if (e)
+    if (e) {
         forget(e, now);
+        s.peak_set_current = false;
+    }
     unlock();
     _al_nocancel_end(cancel);
     errno = saved;
@@ -463,10 +476,10 @@ void _al_sampler_collect(void)
 {
     lock();
     _al_sampler.live_bytes_at_exit = s.live_bytes;
-    if (!_al_waste.enabled && s.live_bytes > _al_sampler.peak_bytes)
-        snapshot(_al_tsc());
+    if (!heap_measured() && s.live_bytes > _al_sampler.peak_bytes)
+        snapshot(_al_tsc(), s.live_bytes);
     /* Still at the peak: the residency of exactly the peak's samples can be had now. */
-    if (s.residency_pending || (s.live_bytes >= _al_sampler.peak_bytes && s.nsamples))
+    if (s.residency_pending || (s.peak_set_current && s.nsamples))
         measure_residency();
     unlock();
 }

@@ -57,11 +57,11 @@ void _al_sampler_thread_init(struct al_thread *t);
 /* The sampler's state for the report, taken once before any writer runs: the last peak
  * snapshot, the residency of the peak's samples, the live bytes now. */
 void _al_sampler_collect(void);
-/* Full mode (waste.c): the heap just measured larger than ever, or (UNLESS_LOWER) as large at
- * exit: what the sites hold now is their peak, unless UNLESS_LOWER and their estimate is lower
- * than at the last one. Without the heap's measure (the other modes) the peak is where the
- * sites' own estimate was highest. */
-void _al_sampler_heap_peak(bool unless_lower);
+/* Full mode (waste.c): the heap was just measured at HEAP bytes, larger than ever, or about as
+ * large at exit (UNLESS_LOWER): what the sites hold now is their peak, unless UNLESS_LOWER and
+ * their estimate is lower than at the last one. Without the heap's measure (the other modes)
+ * the peak is where the sites' own estimate was highest. */
+void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
 void _al_sampler_atfork_child(void);

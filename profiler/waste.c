@@ -367,24 +367,24 @@ static void check_footprint(void)
         return;
     if (!_al_spin_trylock(&snap.lock))
         return; /* another thread is taking one */
-    uint64_t total = _al_heap_resident();
+    int pagemap = _al_proc_pagemap_open();
+    uint64_t total = _al_heap_resident(pagemap);
     atomic_store_explicit(&snap.measured, (total / 4096) << 32 | (rss / 4096 & 0xffffffffu),
                           memory_order_relaxed);
     raise_highest(total);
     if (total > snap.sites_total) {
         snap.sites_total = total;
-        _al_sampler_heap_peak(false);
+        _al_sampler_heap_peak(total, false);
     }
     /* The heap cannot pass the mark before the process grows by what it lacks. */
     uint64_t lack = _al_waste.peak.taken && total < _al_waste.peak.total + AL_SNAP_STEP
                         ? _al_waste.peak.total + AL_SNAP_STEP - total : AL_SNAP_STEP;
     __atomic_store_n(&snap.next_rss, rss + (lack > AL_SNAP_STEP / 16 ? lack : AL_SNAP_STEP / 16), __ATOMIC_RELAXED);
     if (!_al_waste.peak.taken || total >= _al_waste.peak.total + AL_SNAP_STEP) {
-        int pagemap = _al_proc_pagemap_open();
         take(&_al_waste.peak, total, pagemap); /* every snapshot the rule takes is the new peak */
-        _al_proc_pagemap_close(pagemap);
         snap.taken++;
     }
+    _al_proc_pagemap_close(pagemap);
     _al_spin_unlock(&snap.lock);
 }
 
@@ -405,13 +405,17 @@ void _al_waste_final(void)
     _al_spin_lock(&snap.lock);
     struct al_waste_snapshot s = { .cls = _al_waste.final.cls };
     int pagemap = _al_proc_pagemap_open();
-    take(&s, _al_heap_resident(), pagemap);
+    take(&s, _al_heap_resident(pagemap), pagemap);
     _al_waste.final = s;
-    /* The heap at exit as large as the largest measured: the sites' peak is now, if their
-     * estimate agrees it is no lower (a program that freed its objects and kept their pages has
-     * its peak behind it). */
-    if (s.total >= snap.sites_total)
-        _al_sampler_heap_peak(s.total == snap.sites_total);
+    /* The sites' peak is now if the heap at exit passed the largest measured by more than the
+     * measurements can miss (as the memory section's, below). Within that of it (a step either
+     * way: the last allocations may have found room in pages already counted), only if the
+     * sites' estimate is no lower than at their last peak: a program that freed its objects
+     * and kept their pages has its peak behind it. */
+    if (s.total > snap.sites_total + AL_SNAP_STEP + AL_SNAP_CHECK_BYTES)
+        _al_sampler_heap_peak(s.total, false);
+    else if (s.total + AL_SNAP_STEP >= snap.sites_total)
+        _al_sampler_heap_peak(s.total, true);
     /* The state at exit is the peak only if it passed the largest footprint there may have been
      * at a look during the run by more than the rule can miss (a step, plus what a thread
      * allocates between two looks): otherwise the peak is the snapshot taken when that

@@ -1,8 +1,8 @@
 /* The pages the allocator holds from the kernel: one bit per page, in 4 GiB slices (128 KiB
  * each, made on first use) hung off a directory like level 1's. */
 #include <errno.h>
-#include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "shadow.h"
 
@@ -11,8 +11,6 @@ _Atomic(struct al_heap_slice *) *_al_heap_dir;
 /* The slices made, in order, so a snapshot need not walk the directory (2^24 entries with a
  * 56-bit address space). */
 #define LISTED_MAX 4096
-
-#define REGIONS_PER_PAGE (4096 / sizeof(((struct al_heap_slice *)0)->bits[0]))
 static _Atomic uint64_t listed[LISTED_MAX];
 static _Atomic uint32_t nlisted;
 
@@ -66,7 +64,9 @@ void _al_shadow_heap_set(uint64_t start, uint64_t end, bool on)
                 if (on)
                     atomic_fetch_or_explicit(&w[i], bits, memory_order_relaxed);
                 else if (atomic_load_explicit(&w[i], memory_order_relaxed) & bits)
-                    atomic_fetch_and_explicit(&w[i], ~bits, memory_order_relaxed); /* else: no page to dirty */
+                    /* Else nothing to clear, and no page dirtied for it (though a read of a page
+                     * never written maps the zero page there, which the footprint counts). */
+                    atomic_fetch_and_explicit(&w[i], ~bits, memory_order_relaxed);
             }
         }
         a = rend;
@@ -96,7 +96,28 @@ size_t _al_shadow_heap_footprint(void)
     return total;
 }
 
-void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg)
+/* A slice's pages, and the regions whose bits each holds. */
+#define SLICE_PAGES (sizeof(struct al_heap_slice) / 4096)
+#define REGIONS_PER_PAGE (4096 / sizeof(((struct al_heap_slice *)0)->bits[0]))
+_Static_assert(sizeof(struct al_heap_slice) % 4096 == 0, "a slice is whole pages");
+
+/* Which pages of slice S were ever written (bit i: page i), from the pagemap: present or
+ * swapped. A page never written holds no bit, and reading it would map the kernel's zero page
+ * there, which mincore counts as resident: the table's footprint would grow by memory it does
+ * not use. Without the pagemap every page counts as written. */
+static uint32_t written_pages(int pagemap, const struct al_heap_slice *s)
+{
+    uint64_t e[SLICE_PAGES];
+    ssize_t got = pagemap < 0 ? -1 : pread(pagemap, e, sizeof e, (off_t)((uintptr_t)s / 4096 * sizeof e[0]));
+    if (got != (ssize_t)sizeof e)
+        return UINT32_MAX;
+    uint32_t w = 0;
+    for (unsigned i = 0; i < SLICE_PAGES; i++)
+        w |= (uint32_t)((e[i] >> 62) != 0) << i;
+    return w;
+}
+
+void _al_shadow_heap_runs(int pagemap, void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg)
 {
     uint32_t n = atomic_load(&nlisted);
     for (uint32_t k = 0; k < n && k < LISTED_MAX; k++) {
@@ -104,17 +125,11 @@ void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), v
         struct al_heap_slice *s = listed_slice(k, &d);
         if (!s)
             continue;
-        /* Only the slice's pages that were ever written are read: reading one never written
-         * would map the kernel's zero page there, which mincore counts as resident, and the
-         * table's footprint would grow by memory it does not use (128 KiB a slice). Those
-         * pages hold no bit. */
-        unsigned char written[sizeof *s / 4096];
-        if (mincore(s, sizeof *s, written) < 0)
-            memset(written, 1, sizeof written);
+        uint32_t written = written_pages(pagemap, s);
         uint64_t base = d << AL_SHADOW_SLICE_SHIFT, run = 0;
         bool in = false;
         for (unsigned r = 0; r < AL_SHADOW_SLICE_ENTRIES; r++) {
-            bool backed = written[r / REGIONS_PER_PAGE] & 1;
+            bool backed = (written >> (r / REGIONS_PER_PAGE)) & 1;
             for (unsigned i = 0; i < AL_SHADOW_PAGES / 64; i++) {
                 uint64_t w = backed ? atomic_load_explicit(&s->bits[r][i], memory_order_relaxed) : 0;
                 if ((w == 0 && !in) || (w == ~0ull && in))

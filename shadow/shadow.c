@@ -15,8 +15,8 @@ static size_t dir_bytes;
 #define ALL_MAX (1u << 20)
 static _Atomic(struct al_shadow_region *) *all;
 
-/* Every level-1 slice made, likewise (one per 4 GiB of address space holding objects; one
- * past the end is counted as wholly resident). */
+/* Every level-1 slice made, likewise (one per 4 GiB of address space holding objects); one
+ * past the end of the list is counted as wholly resident, one being installed as nothing. */
 #define SLICES_MAX 4096
 static _Atomic(struct al_shadow_slice *) slice_list[SLICES_MAX];
 
@@ -142,8 +142,12 @@ size_t _al_shadow_footprint(void)
     uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
     size_t total = _al_shadow_dir_touched(slices, dir_bytes) + _al_shadow_heap_footprint();
     for (uint64_t i = 0; i < slices; i++) {
-        struct al_shadow_slice *s = i < SLICES_MAX ? atomic_load_explicit(&slice_list[i], memory_order_acquire) : NULL;
-        total += s ? _al_shadow_resident(s, sizeof *s) : sizeof *s;
+        if (i >= SLICES_MAX) {
+            total += sizeof(struct al_shadow_slice);
+            continue;
+        }
+        struct al_shadow_slice *s = atomic_load_explicit(&slice_list[i], memory_order_acquire);
+        total += s ? _al_shadow_resident(s, sizeof *s) : 0;
     }
     uint64_t n = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
     if (n > ALL_MAX)

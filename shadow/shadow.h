@@ -370,7 +370,8 @@ static inline __attribute__((always_inline)) bool _al_shadow_heap_has(uint64_t a
 /* Resident bytes of the heap slices and their directory (part of _al_shadow_footprint). */
 size_t _al_shadow_heap_footprint(void);
 /* Calls FN for each maximal run [start, end) of the allocator's pages (in address order
- * within a 4 GiB slice). */
-void _al_shadow_heap_runs(void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg);
+ * within a 4 GiB slice). PAGEMAP (/proc/self/pagemap, or -1) tells which pages of the bits
+ * were ever written: only those are read. */
+void _al_shadow_heap_runs(int pagemap, void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg);
 
 #endif

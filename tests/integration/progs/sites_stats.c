@@ -25,9 +25,10 @@
  *   1. site_churn_batches:  20 batches of 160 x 64 KiB (10 MiB live at once), each batch freed
  *                           before the next; the heap shrinks back after each
  *   2. site_small_objects:  as above (1,000,000 x 8 B: 32 MB of heap), live until exit
- * The heap's peak is at the end, where the batches hold nothing; the sampler's estimate of
- * what is live is higher in some batch (a batch is about 18 samples, so its estimate varies
- * by a quarter, and the highest of 20 is half again what the small site's is).
+ * Under glibc (the test's allocator: 32-byte chunks for the small objects, and the heap trimmed
+ * after each batch) the heap's peak is at the end, where the batches hold nothing; the
+ * sampler's estimate of what is live is higher in some batch (a batch is about 18 samples, so
+ * its estimate varies by a quarter, and the highest of 20 is nearly twice the small site's).
  *
  * usage: sites_stats [--small N] [--no-transient] [--churn]
  *   --small N         N objects in site_small_objects (default 1000000; 0 skips the site)
