@@ -345,7 +345,9 @@ static void sites_section(struct out *o, json_object *r)
     char when[96] = "";
     const char *source = _al_cli_str(s, "peak_source"); /* absent from older reports */
     if (*source)
-        snprintf(when, sizeof when, ", at the %s's peak, %.3f s", source, _al_cli_num(s, "peak_time_ns") / 1e9);
+        snprintf(when, sizeof when, ", at the %s peak, %.3f s",
+                 strcmp(source, "heap") == 0 ? "heap's" : strcmp(source, "rss") == 0 ? "process's RSS" : source,
+                 _al_cli_num(s, "peak_time_ns") / 1e9);
     note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated%s); names from %s",
          _al_cli_num(s, "sample_rate_bytes"), peak, when, _al_cli_str(s, "symbols"));
     static const char *const heads[] = { "live at peak", "allocated", "objects", "internal", "where" };

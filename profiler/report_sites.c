@@ -117,7 +117,7 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
  * the run's end). */
 static const char *peak_source(void)
 {
-    return _al_waste.enabled ? "heap" : "estimate";
+    return _al_waste.enabled ? "heap" : "rss";
 }
 
 static double peak_ns(const struct al_report *r)
@@ -166,8 +166,8 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
     _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, "
-                   "at the %s's peak, %.3f s)\n", _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0,
-                   peak_source(), peak_ns(rep) / 1e9);
+                   "at the %s peak, %.3f s)\n", _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0,
+                   _al_waste.enabled ? "heap's" : "process's RSS", peak_ns(rep) / 1e9);
     const char *why = _al_symbols_unavailable();
     if (why)
         _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);

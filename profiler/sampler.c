@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define UNW_LOCAL_ONLY
@@ -60,6 +61,7 @@ static struct {
     double residency_peak;  /* the peak's size (heap or estimate) when residency was last measured */
     bool residency_pending;
     bool peak_set_current;  /* the live samples are still the peak's: none added or freed since */
+    long rss_peak_kib;      /* without the heap's measure: the process's peak RSS at the last peak */
     uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s;
 
@@ -169,6 +171,7 @@ void _al_sampler_atfork_child(void)
         s.nsamples = 0;
         s.live_bytes = s.residency_peak = 0;
         s.residency_pending = s.peak_set_current = false;
+        s.rss_peak_kib = 0;
     }
     unlock();
 }
@@ -363,14 +366,24 @@ static void measure_residency(void)
     _al_proc_pagemap_close(pagemap);
 }
 
-/* Whether the peak is the heap's, measured by waste.c (full mode), rather than the estimate's. */
+/* Whether the peak is the heap's, measured by waste.c (full mode), rather than the process's
+ * resident size's. */
 static bool heap_measured(void)
 {
     return _al_waste.enabled;
 }
 
-/* Lock held: a new peak of SIZE bytes, the heap's (full mode) or else the estimated live bytes'
- * (passed their previous peak by a MiB). The per-site live bytes are copied at every new peak.
+/* The process's peak resident size so far (KiB), or 0. A sampled allocation that finds it
+ * higher than at the last peak is the new peak: a moment the sampler's noise does not choose,
+ * as the highest of its own estimate would be (that overstates what is live). */
+static long rss_peak(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
+}
+
+/* Lock held: a new peak of SIZE bytes, the heap's (full mode) or else the process's peak RSS.
+ * The per-site live bytes are copied at every new peak.
  * Residency is measured when the peak has grown by an eighth since it was last measured, and
  * as late as the peak's set of samples stands: at the next sampled allocation or free, or at
  * the report. Measured at once, the object that made the peak would always look untouched:
@@ -412,6 +425,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     uint64_t usable = _al_usable_size ? _al_usable_size(p) : size;
     double prob = -expm1(-((double)size + 1.0) / _al_sampler.rate);
     double objects = 1.0 / prob, bytes = (double)size / prob;
+    long rss = heap_measured() ? 0 : rss_peak();
     uint64_t now = _al_tsc();
     lock();
     if (s.residency_pending)
@@ -439,9 +453,10 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     st->alloc_objects += objects;
     st->frag_bytes += (double)(usable > size ? usable - size : 0) * objects;
     st->count++;
-    bool higher = s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || _al_sampler.peak_time == 0;
-    if (!heap_measured() && higher)
-        snapshot(now, s.live_bytes);
+    if (rss > s.rss_peak_kib) {
+        s.rss_peak_kib = rss;
+        snapshot(now, (double)rss * 1024);
+    }
     unlock();
 }
 
@@ -476,8 +491,11 @@ void _al_sampler_collect(void)
 {
     lock();
     _al_sampler.live_bytes_at_exit = s.live_bytes;
-    if (!heap_measured() && s.live_bytes > _al_sampler.peak_bytes)
-        snapshot(_al_tsc(), s.live_bytes);
+    long rss = heap_measured() ? 0 : rss_peak();
+    if (rss > s.rss_peak_kib) {
+        s.rss_peak_kib = rss;
+        snapshot(_al_tsc(), (double)rss * 1024);
+    }
     /* Still at the peak: the residency of exactly the peak's samples can be had now. */
     if (s.residency_pending || (s.peak_set_current && s.nsamples))
         measure_residency();

@@ -60,7 +60,8 @@ void _al_sampler_collect(void);
 /* Full mode (waste.c): the heap was just measured at HEAP bytes, larger than ever, or about as
  * large at exit (UNLESS_LOWER): what the sites hold now is their peak, unless UNLESS_LOWER and
  * their estimate is lower than at the last one. Without the heap's measure (the other modes)
- * the peak is where the sites' own estimate was highest. */
+ * the peak is the process's peak resident size, as the last sampled allocation to raise it saw
+ * it (or the report, if it rose after). */
 void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
