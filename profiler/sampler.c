@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define UNW_LOCAL_ONLY
@@ -375,10 +376,13 @@ static bool heap_measured(void)
 
 /* The process's peak resident size so far (KiB), or 0. A sampled allocation that finds it
  * higher than at the last peak is the new peak: a moment the sampler's noise does not choose,
- * as the highest of its own estimate would be (that overstates what is live). */
+ * as the highest of its own estimate would be (that overstates what is live). Not asked where
+ * a seccomp filter the program installed refuses getrusage: the peak stays where it was. */
 static long rss_peak(void)
 {
     struct rusage ru;
+    if (atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed) && !_al_seccomp_allows(SYS_getrusage))
+        return 0;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
 }
 

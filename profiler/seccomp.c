@@ -213,6 +213,17 @@ static bool allowed(long nr, const uint64_t args[3])
     return true;
 }
 
+bool _al_seccomp_allows(long nr)
+{
+    if (!atomic_load(&_al_seccomp_on))
+        return true;
+    static const uint64_t none[3];
+    _al_spin_lock(&state.lock);
+    bool ok = !state.unknown && allowed(nr, none);
+    _al_spin_unlock(&state.lock);
+    return ok;
+}
+
 const char *_al_seccomp_refuses_report(bool *can_say)
 {
     static char why[128];

@@ -188,10 +188,10 @@ def plain(cmd, lib):
     return subprocess.run(cmd, env=env, capture_output=True)
 
 
-def both(name, path, cmd, tag):
-    """CMD plain (the allocator preloaded, unless glibc), then under alloclens -a NAME: the plain
-    run, the profiled run and its report."""
-    return (plain(cmd, None if name == "glibc" else path), *run(name, cmd, wd, name=tag))
+def both(name, path, cmd, tag, extra=()):
+    """CMD plain (the allocator preloaded, unless glibc), then under alloclens -a NAME (EXTRA
+    options): the plain run, the profiled run and its report."""
+    return (plain(cmd, None if name == "glibc" else path), *run(name, cmd, wd, name=tag, extra=extra))
 
 
 def side_reports(tag):
@@ -253,15 +253,18 @@ for name, path in allocs.items():
 # libseccomp makes it) that ends the process at perf_event_open and at the prctl starting
 # syscall user dispatch: the threads and child started after it run as plain, the reports say
 # what they leave out. With a second filter ending it at any open creating a file (nofiles), no
-# report can be written: each process says so in one line instead of being killed.
+# report can be written: each process says so in one line instead of being killed. With one
+# ending it at getrusage (norusage), --mode sample's sampler, which asks it for the peak RSS at
+# sampled allocations (densely sampled here), no longer does.
 NOTE = "threads started after the program installed a seccomp filter are not measured"
 for name, path in allocs.items():
-    for how in ("prctl", "syscall", "nofiles"):
-        if how == "nofiles" and name != "glibc":
+    for how in ("prctl", "syscall", "nofiles", "norusage"):
+        if how in ("nofiles", "norusage") and name != "glibc":
             continue
         label = f"sys_sigsys later {how} under {name}"
         tag = f"later-{how}-{name}"
-        a, b, rep = both(name, path, [SIGSYS, "later", how], tag)
+        extra = ("--mode", "sample", "--sample-rate", "4096") if how == "norusage" else ()
+        a, b, rep = both(name, path, [SIGSYS, "later", how], tag, extra)
         tap.ok(a.returncode == b.returncode == 0 and a.stdout == b.stdout
                and b"child status 7" in a.stdout,
                f"{label}: exit status and stdout as plain", f"plain rc {a.returncode}, "
@@ -274,6 +277,13 @@ for name, path in allocs.items():
                            "it takes") for l in lines),
                    f"{label}: no report, one line each for the process and its child saying why",
                    f"report {rep is not None}, side {side}\n{b.stderr.decode()[-2000:]}")
+            continue
+        if how == "norusage":
+            sites = (rep or {}).get("sites", {})
+            tap.ok(rep is not None and len(side) == 1 and not lines and sites.get("available")
+                   and sites.get("peak_source") == "rss" and sites.get("top"),
+                   f"{label}: reports for the process and its child, with sampled sites",
+                   f"side {side}, sites {str(sites)[:500]}\n{b.stderr.decode()[-2000:]}")
             continue
         ctr, info = (rep or {}).get("counters", {}), (rep or {}).get("syscalls_info", {})
         tap.ok(rep is not None and len(side) == 1 and not lines
