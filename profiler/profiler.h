@@ -422,9 +422,10 @@ void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog,
 /* Why a report cannot be written now (NULL: it can): a system call it takes that a filter the
  * program installed would refuse. *CAN_SAY: whether a line on stderr may still be written. */
 const char *_al_seccomp_refuses_report(bool *can_say);
-/* Whether the filters the program installed let system call NR through (with zero arguments);
- * true while there are none. */
-bool _al_seccomp_allows(long nr);
+/* Whether the filters the program installed let through every system call measuring takes
+ * while it runs (the heap's resident size, the pagemap, the peak RSS); true while there are
+ * none, false while one is being installed. Where they do not, those measurements stop. */
+bool _al_seccomp_measures_ok(void);
 /* What the report says of the syscall and counter sections once a filter is on; NULL before. */
 const char *_al_seccomp_note(void);
 /* The action filter F (N instructions) returns for D, as the kernel would run it. */

@@ -19,7 +19,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #define UNW_LOCAL_ONLY
@@ -214,6 +213,10 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
 
 static unsigned capture(uintptr_t *frames)
 {
+    /* Where the program's seccomp filters may refuse what libunwind does, no stack: the sample
+     * still counts, under a site with none. */
+    if (!_al_seccomp_measures_ok())
+        return 0;
     void *raw[AL_SITE_FRAMES + 16];
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     int n = unw_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
@@ -381,7 +384,7 @@ static bool heap_measured(void)
 static long rss_peak(void)
 {
     struct rusage ru;
-    if (atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed) && !_al_seccomp_allows(SYS_getrusage))
+    if (!_al_seccomp_measures_ok())
         return 0;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
 }
@@ -432,7 +435,9 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     long rss = heap_measured() ? 0 : rss_peak();
     uint64_t now = _al_tsc();
     lock();
-    if (s.residency_pending)
+    /* Not while the program's seccomp filters may refuse the pagemap's reading: the report,
+     * which may, measures it then. */
+    if (s.residency_pending && _al_seccomp_measures_ok())
         measure_residency();
     s.peak_set_current = false;
     struct sample *old = find((uintptr_t)p);
@@ -480,7 +485,7 @@ AL_NOINLINE void _al_sample_free(const void *p)
     uint64_t now = _al_tsc();
     lock();
     struct sample *e = find((uintptr_t)p);
-    if (e && s.residency_pending)
+    if (e && s.residency_pending && _al_seccomp_measures_ok())
         measure_residency();
     if (e) {
         forget(e, now);

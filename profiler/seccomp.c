@@ -38,9 +38,21 @@ static struct {
 
 _Atomic bool _al_seccomp_on;
 
+/* Whether the filters let through the system calls measuring takes while the program runs
+ * (runtime_calls): false from the moment one is being installed until it has been read. */
+static _Atomic bool measures_ok = true;
+
+static void decide_measures(void);
+
 bool _al_seccomp_installing(void)
 {
+    atomic_store(&measures_ok, false);
     return atomic_exchange(&_al_seccomp_on, true);
+}
+
+bool _al_seccomp_measures_ok(void)
+{
+    return atomic_load_explicit(&measures_ok, memory_order_relaxed);
 }
 
 void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog, bool ok)
@@ -48,6 +60,7 @@ void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog,
     if (!ok) {
         if (!was)
             atomic_store(&_al_seccomp_on, false);
+        decide_measures();
         return;
     }
     _al_spin_lock(&state.lock);
@@ -65,6 +78,7 @@ void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog,
         }
     }
     _al_spin_unlock(&state.lock);
+    decide_measures();
 }
 
 /* The value of word K of D (K a byte offset, 4-aligned as the kernel requires). */
@@ -213,15 +227,34 @@ static bool allowed(long nr, const uint64_t args[3])
     return true;
 }
 
-bool _al_seccomp_allows(long nr)
+/* The system calls measuring takes while the program runs, in its allocation calls: the heap's
+ * and the process's resident size (/proc/self/statm, /proc/self/maps, the pagemap, mincore),
+ * the sampler's peak RSS, and libunwind's stack walks (it checks memory with mincore, or by
+ * writing it to a pipe it makes, with signals blocked around its caches). */
+static const struct {
+    long nr;
+    uint64_t args[3];
+} runtime_calls[] = {
+    { SYS_openat, { (uint64_t)AT_FDCWD, 0, O_RDONLY | O_CLOEXEC } },
+    { SYS_read, { 0 } },
+    { SYS_pread64, { 0 } },
+    { SYS_close, { 0 } },
+    { SYS_mincore, { 0 } },
+    { SYS_getrusage, { 0 } },
+    { SYS_pipe2, { 0, O_NONBLOCK | O_CLOEXEC } },
+    { SYS_write, { 0 } },
+    { SYS_rt_sigprocmask, { 0 } },
+};
+
+static void decide_measures(void)
 {
-    if (!atomic_load(&_al_seccomp_on))
-        return true;
-    static const uint64_t none[3];
+    bool ok = true;
     _al_spin_lock(&state.lock);
-    bool ok = !state.unknown && allowed(nr, none);
+    if (atomic_load(&_al_seccomp_on))
+        for (size_t i = 0; ok && i < sizeof runtime_calls / sizeof runtime_calls[0]; i++)
+            ok = !state.unknown && allowed(runtime_calls[i].nr, runtime_calls[i].args);
     _al_spin_unlock(&state.lock);
-    return ok;
+    atomic_store(&measures_ok, ok);
 }
 
 const char *_al_seccomp_refuses_report(bool *can_say)

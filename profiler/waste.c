@@ -357,6 +357,8 @@ static void raise_highest(uint64_t bytes)
  * and a snapshot taken only if it passed the peak by a step. */
 static void check_footprint(void)
 {
+    if (!_al_seccomp_measures_ok())
+        return; /* the snapshots taken stand; the state at exit is measured with the report */
     uint64_t rss = rss_now();
     uint64_t last = atomic_load_explicit(&snap.measured, memory_order_relaxed);
     if (last) { /* before the first measurement there is nothing to add the growth to */

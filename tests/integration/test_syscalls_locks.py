@@ -253,13 +253,15 @@ for name, path in allocs.items():
 # libseccomp makes it) that ends the process at perf_event_open and at the prctl starting
 # syscall user dispatch: the threads and child started after it run as plain, the reports say
 # what they leave out. With a second filter ending it at any open creating a file (nofiles), no
-# report can be written: each process says so in one line instead of being killed. With one
+# report can be written: each process says so in one line instead of being killed; so with one
+# ending it at mincore (nomincore), which also stops the heap's measurements while the program
+# runs (mincore, /proc/self/statm, maps, pagemap), lest the threads' allocations end it. With one
 # ending it at getrusage (norusage), --mode sample's sampler, which asks it for the peak RSS at
 # sampled allocations (densely sampled here), no longer does.
 NOTE = "threads started after the program installed a seccomp filter are not measured"
 for name, path in allocs.items():
-    for how in ("prctl", "syscall", "nofiles", "norusage"):
-        if how in ("nofiles", "norusage") and name != "glibc":
+    for how in ("prctl", "syscall", "nofiles", "nomincore", "norusage"):
+        if how in ("nofiles", "nomincore", "norusage") and name != "glibc":
             continue
         label = f"sys_sigsys later {how} under {name}"
         tag = f"later-{how}-{name}"
@@ -271,9 +273,10 @@ for name, path in allocs.items():
                f"alloclens rc {b.returncode}\n{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
         side = side_reports(tag)
         lines = [l for l in b.stderr.decode().splitlines() if "no report" in l]
-        if how == "nofiles":
+        if how in ("nofiles", "nomincore"):
+            call = "openat" if how == "nofiles" else "mincore"
             tap.ok(rep is None and not side and len(lines) == 2 and all(
-                l.endswith("no report: the program's seccomp filter refuses openat, which writing "
+                l.endswith(f"no report: the program's seccomp filter refuses {call}, which writing "
                            "it takes") for l in lines),
                    f"{label}: no report, one line each for the process and its child saying why",
                    f"report {rep is not None}, side {side}\n{b.stderr.decode()[-2000:]}")

@@ -426,6 +426,34 @@ START_TEST(seccomp_report_refused)
 }
 END_TEST
 
+/* The heap's resident size where part of it was unmapped without alloclens seeing it (a thread
+ * without syscall user dispatch): the rest measured, the unmapped pages dropped from the heap's
+ * bits, those around kept. */
+START_TEST(heap_resident_after_unseen_unmap)
+{
+    if (!_al_shadow.dir)
+        ck_assert_int_eq(_al_shadow_init(), 0);
+    ck_assert_int_eq(_al_shadow_heap_init(), 0);
+    const size_t page = 4096, len = 64 * page;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(p, MAP_FAILED);
+    memset(p, 1, len);
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    _al_shadow_heap_set(a, a + len, true);
+    int pagemap = _al_proc_pagemap_open();
+    uint64_t before = _al_heap_resident(pagemap);
+    ck_assert_uint_ge(before, len);
+    ck_assert_int_eq(munmap(p + 8 * page, 40 * page), 0);
+    ck_assert_uint_eq(_al_heap_resident(pagemap), before - 40 * page);
+    ck_assert(!_al_shadow_heap_has(a + 8 * page) && !_al_shadow_heap_has(a + 47 * page));
+    ck_assert(_al_shadow_heap_has(a + 7 * page) && _al_shadow_heap_has(a + 48 * page));
+    _al_proc_pagemap_close(pagemap);
+    _al_shadow_heap_set(a, a + len, false);
+    munmap(p, 8 * page);
+    munmap(p + 48 * page, 16 * page);
+}
+END_TEST
+
 /* A program with file capabilities is run securely (LD_PRELOAD ignored) for anyone but root:
  * said of it when a user runs it, not when root does, nor of the same file without them. Root
  * makes the file (cap_net_raw, permitted and effective, as ping has); a child turned into
@@ -502,6 +530,7 @@ int main(void)
     tcase_add_test(tc, seccomp_filter_runs);
     tcase_add_test(tc, seccomp_report_refused);
     tcase_add_test(tc, reach_file_capabilities);
+    tcase_add_test(tc, heap_resident_after_unseen_unmap);
     suite_add_tcase(s, tc);
     return al_check_run(s);
 }

@@ -10,8 +10,9 @@
  * sys_sigsys later HOW: installs, once running, a filter that ends the process at
  *          perf_event_open and at the prctl that starts syscall user dispatch (HOW: prctl, or
  *          syscall for the seccomp system call, as libseccomp does; nofiles: with prctl, and a
- *          second filter that ends it at any open that would create a file; norusage: likewise,
- *          at getrusage), then starts threads and a child that allocate; prints what they did. */
+ *          second filter that ends it at any open that would create a file; nomincore: at
+ *          mincore; norusage: at getrusage), then starts threads and a child that allocate;
+ *          prints what they did. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 #include <linux/seccomp.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,14 +122,16 @@ static int later_filtered(const char *how)
     struct sock_fprog second = { sizeof nofiles / sizeof nofiles[0], nofiles };
     if (!strcmp(how, "nofiles") && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &second))
         return 24;
-    struct sock_filter norusage[] = {
+    /* nomincore, norusage: a filter ending the process at that one system call */
+    long one = !strcmp(how, "nomincore") ? SYS_mincore : !strcmp(how, "norusage") ? SYS_getrusage : -1;
+    struct sock_filter kill_one[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getrusage, 0, 1),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)one, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    struct sock_fprog third = { sizeof norusage / sizeof norusage[0], norusage };
-    if (!strcmp(how, "norusage") && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &third))
+    struct sock_fprog third = { sizeof kill_one / sizeof kill_one[0], kill_one };
+    if (one >= 0 && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &third))
         return 25;
     pthread_t th[4];
     for (int i = 0; i < 4; i++)
