@@ -346,7 +346,8 @@ static void sites_section(struct out *o, json_object *r)
     const char *source = _al_cli_str(s, "peak_source"); /* absent from older reports */
     if (*source)
         snprintf(when, sizeof when, ", at the %s peak, %.3f s",
-                 strcmp(source, "heap") == 0 ? "heap's" : strcmp(source, "rss") == 0 ? "process's RSS" : source,
+                 strcmp(source, "heap") == 0 ? "heap's" : strcmp(source, "rss") == 0 ? "process's RSS"
+                 : strcmp(source, "estimate") == 0 ? "sampled estimate's" : source,
                  _al_cli_num(s, "peak_time_ns") / 1e9);
     note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated%s); names from %s",
          _al_cli_num(s, "sample_rate_bytes"), peak, when, _al_cli_str(s, "symbols"));

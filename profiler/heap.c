@@ -53,7 +53,7 @@ void _al_heap_syscall(long nr, const long *args, long ret)
 AL_NOINLINE void _al_heap_discover(uint64_t a)
 {
     if (!_al_seccomp_measures_ok())
-        return; /* found at the next object on it, once /proc may be read again */
+        return; /* the program's seccomp filter may refuse reading the maps: for good */
     if (!_al_spin_trylock(&discover_lock))
         return; /* another thread is reading the maps: this object's page is found next time */
     uint64_t page = a & ~(uint64_t)4095;

@@ -415,17 +415,19 @@ struct seccomp_data;
  * installed holds): later threads start no syscall user dispatch and no event counting. */
 extern _Atomic bool _al_seccomp_on;
 
-/* Around the program's install of a filter (PROG; STRICT: strict mode): the first returns
- * what the second needs, which keeps a copy of the filter if OK (it was installed). */
-bool _al_seccomp_installing(void);
-void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog, bool ok);
+/* Around the program's install of a filter (PROG; STRICT: strict mode): the second keeps a
+ * copy of the filter if OK (it was installed). Installs may overlap (several threads). */
+void _al_seccomp_installing(void);
+void _al_seccomp_installed(bool strict, const struct sock_fprog *prog, bool ok);
 /* Why a report cannot be written now (NULL: it can): a system call it takes that a filter the
  * program installed would refuse. *CAN_SAY: whether a line on stderr may still be written. */
 const char *_al_seccomp_refuses_report(bool *can_say);
 /* Whether the filters the program installed let through every system call measuring takes
- * while it runs (the heap's resident size, the pagemap, the peak RSS); true while there are
- * none, false while one is being installed. Where they do not, those measurements stop. */
+ * while it runs (the heap's resident size, the pagemap, stack walks); and getrusage (the
+ * sampler's peak RSS). True while there are none, false while one is being installed. Where
+ * they do not, those measurements stop. */
 bool _al_seccomp_measures_ok(void);
+bool _al_seccomp_rusage_ok(void);
 /* What the report says of the syscall and counter sections once a filter is on; NULL before. */
 const char *_al_seccomp_note(void);
 /* The action filter F (N instructions) returns for D, as the kernel would run it. */

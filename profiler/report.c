@@ -228,6 +228,8 @@ static void write_report(struct write_args *w)
             _al_log("no report: %s", refused);
         goto out;
     }
+    /* Before the report's own memory could raise the process's peak RSS. */
+    _al_sampler_report_begins();
     r = _al_mem_map(sizeof *r);
     hist = _al_mem_map((size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
     if (!r || !hist) {

@@ -117,7 +117,14 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
  * the run's end). */
 static const char *peak_source(void)
 {
-    return _al_waste.enabled ? "heap" : "rss";
+    return _al_sampler.peak_source ? _al_sampler.peak_source : "none";
+}
+
+static const char *peak_source_text(void)
+{
+    const char *s = peak_source();
+    return !strcmp(s, "heap") ? "the heap's peak" : !strcmp(s, "rss") ? "the process's RSS peak"
+           : !strcmp(s, "estimate") ? "the sampled estimate's peak" : "no peak seen";
 }
 
 static double peak_ns(const struct al_report *r)
@@ -166,8 +173,8 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
     _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, "
-                   "at the %s peak, %.3f s)\n", _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0,
-                   _al_waste.enabled ? "heap's" : "process's RSS", peak_ns(rep) / 1e9);
+                   "at %s, %.3f s)\n", _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0,
+                   peak_source_text(), peak_ns(rep) / 1e9);
     const char *why = _al_symbols_unavailable();
     if (why)
         _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);

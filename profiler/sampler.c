@@ -62,6 +62,7 @@ static struct {
     bool residency_pending;
     bool peak_set_current;  /* the live samples are still the peak's: none added or freed since */
     long rss_peak_kib;      /* without the heap's measure: the process's peak RSS at the last peak */
+    bool hwm_from_proc;     /* getrusage holds an earlier image's peak: VmHWM is this one's */
     uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s;
 
@@ -141,6 +142,11 @@ void _al_sampler_init(const struct al_settings *set)
         _al_sampler.rate = 0;
         return;
     }
+    /* The kernel keeps the peak of the image that exec'd this one in getrusage's: where it is
+     * above this image's own (VmHWM), this one's rises would not show there. */
+    struct rusage ru;
+    long hwm = _al_proc_status("VmHWM");
+    s.hwm_from_proc = hwm > 0 && getrusage(RUSAGE_SELF, &ru) == 0 && ru.ru_maxrss > hwm + 1024;
     struct al_object self;
     if (_al_object_of((const void *)_al_sampler_init, &self)) {
         s.self_lo = self.seg_lo;
@@ -172,6 +178,7 @@ void _al_sampler_atfork_child(void)
         s.live_bytes = s.residency_peak = 0;
         s.residency_pending = s.peak_set_current = false;
         s.rss_peak_kib = 0;
+        _al_sampler.peak_source = NULL;
     }
     unlock();
 }
@@ -377,28 +384,53 @@ static bool heap_measured(void)
     return _al_waste.enabled;
 }
 
-/* The process's peak resident size so far (KiB), or 0. A sampled allocation that finds it
- * higher than at the last peak is the new peak: a moment the sampler's noise does not choose,
- * as the highest of its own estimate would be (that overstates what is live). Not asked where
- * a seccomp filter the program installed refuses getrusage: the peak stays where it was. */
+/* The process's peak resident size so far (KiB); -1 in full mode, which has the heap's, or
+ * where it cannot be asked (a seccomp filter the program installed refuses getrusage, or the
+ * /proc read VmHWM takes after exec). A sampled allocation or free that finds it higher than
+ * at the last peak marks a new peak, before it changes the samples: a moment the sampler's
+ * noise does not choose, as the highest of its own estimate would be (that overstates what
+ * is live). */
 static long rss_peak(void)
 {
     struct rusage ru;
-    if (!_al_seccomp_measures_ok())
-        return 0;
-    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
+    if (heap_measured() || !_al_seccomp_rusage_ok())
+        return -1;
+    if (s.hwm_from_proc)
+        return _al_seccomp_measures_ok() ? _al_proc_status("VmHWM") : -1;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
 }
 
-/* Lock held: a new peak of SIZE bytes, the heap's (full mode) or else the process's peak RSS.
- * The per-site live bytes are copied at every new peak.
- * Residency is measured when the peak has grown by an eighth since it was last measured, and
- * as late as the peak's set of samples stands: at the next sampled allocation or free, or at
- * the report. Measured at once, the object that made the peak would always look untouched:
- * its caller has not had it back yet. */
-static void snapshot(uint64_t now, double size)
+static void snapshot(uint64_t now, double size, const char *source);
+
+/* Lock held, at a sampled event, before it changes the samples (RSS: rss_peak's answer
+ * before the lock): without the heap's measure, a new peak if the peak RSS rose, or where that
+ * cannot be asked, if the estimate of all live bytes passed its last peak by a MiB. Then the
+ * residency of a peak's samples, still as they were at it, if due (not while the program's
+ * seccomp filters may refuse the pagemap's reading: the report, which may, measures it then). */
+static void sampled_event_peak(long rss, uint64_t now)
+{
+    bool estimate = !heap_measured() && rss < 0;
+    if (rss > s.rss_peak_kib) {
+        s.rss_peak_kib = rss;
+        snapshot(now, (double)rss * 1024, "rss");
+    } else if (estimate && (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || !_al_sampler.peak_time)) {
+        snapshot(now, s.live_bytes, "estimate");
+    }
+    if (s.residency_pending && _al_seccomp_measures_ok())
+        measure_residency();
+}
+
+/* Lock held: a new peak of SIZE bytes (the heap's, the peak RSS, or the estimate: SOURCE). The
+ * per-site live bytes are copied at every new peak. Residency is measured when the peak has
+ * grown by an eighth since it was last measured, and as late as the peak's set of samples
+ * stands: at once for a sampled event's, else at the next sampled allocation or free, or at
+ * the report. Measured as a heap peak is found (inside the allocation that made it), the
+ * object that made it would always look untouched: its caller has not had it back yet. */
+static void snapshot(uint64_t now, double size, const char *source)
 {
     _al_sampler.peak_bytes = s.live_bytes;
     _al_sampler.peak_time = now;
+    _al_sampler.peak_source = source;
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
         _al_sampler.sites[i].peak_live_bytes = _al_sampler.sites[i].live_bytes;
     s.peak_set_current = true;
@@ -432,13 +464,12 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     uint64_t usable = _al_usable_size ? _al_usable_size(p) : size;
     double prob = -expm1(-((double)size + 1.0) / _al_sampler.rate);
     double objects = 1.0 / prob, bytes = (double)size / prob;
-    long rss = heap_measured() ? 0 : rss_peak();
+    long rss = rss_peak();
     uint64_t now = _al_tsc();
     lock();
-    /* Not while the program's seccomp filters may refuse the pagemap's reading: the report,
-     * which may, measures it then. */
-    if (s.residency_pending && _al_seccomp_measures_ok())
-        measure_residency();
+    /* Before this sample is added: it would lift its site by a whole sample's weight at every
+     * peak it finds. */
+    sampled_event_peak(rss, now);
     s.peak_set_current = false;
     struct sample *old = find((uintptr_t)p);
     if (old) /* freed behind our back (a realloc racing with its free): forget the old one */
@@ -462,10 +493,6 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     st->alloc_objects += objects;
     st->frag_bytes += (double)(usable > size ? usable - size : 0) * objects;
     st->count++;
-    if (rss > s.rss_peak_kib) {
-        s.rss_peak_kib = rss;
-        snapshot(now, (double)rss * 1024);
-    }
     unlock();
 }
 
@@ -475,18 +502,19 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower)
         return;
     lock();
     if (!unless_lower || s.live_bytes >= _al_sampler.peak_bytes)
-        snapshot(_al_tsc(), (double)heap);
+        snapshot(_al_tsc(), (double)heap, "heap");
     unlock();
 }
 
 AL_NOINLINE void _al_sample_free(const void *p)
 {
     int saved = errno, cancel = _al_nocancel_begin();
+    long rss = rss_peak(); /* the shadow marks p sampled: it is, but for a race */
     uint64_t now = _al_tsc();
     lock();
     struct sample *e = find((uintptr_t)p);
-    if (e && s.residency_pending && _al_seccomp_measures_ok())
-        measure_residency();
+    if (e)
+        sampled_event_peak(rss, now); /* a peak passed since the last sample: p still in it */
     if (e) {
         forget(e, now);
         s.peak_set_current = false;
@@ -500,14 +528,29 @@ void _al_sampler_collect(void)
 {
     lock();
     _al_sampler.live_bytes_at_exit = s.live_bytes;
-    long rss = heap_measured() ? 0 : rss_peak();
-    if (rss > s.rss_peak_kib) {
-        s.rss_peak_kib = rss;
-        snapshot(_al_tsc(), (double)rss * 1024);
-    }
     /* Still at the peak: the residency of exactly the peak's samples can be had now. */
     if (s.residency_pending || (s.peak_set_current && s.nsamples))
         measure_residency();
+    unlock();
+}
+
+void _al_sampler_report_begins(void)
+{
+    if (!_al_sampler.enabled || heap_measured())
+        return;
+    long rss = rss_peak(), now_kib = rss >= 0 ? _al_proc_status("VmRSS") : -1;
+    lock();
+    /* Exit is the peak if the peak RSS rose since the last one, or if the process is about as
+     * large as then (a MiB: the kernel's counts of resident pages lag) and the estimate is no
+     * lower: the samples since are still live. */
+    bool still = now_kib >= 0 && now_kib + 1024 >= s.rss_peak_kib && s.live_bytes >= _al_sampler.peak_bytes;
+    if (rss >= 0 && (rss > s.rss_peak_kib || still)) {
+        if (rss > s.rss_peak_kib)
+            s.rss_peak_kib = rss;
+        snapshot(_al_tsc(), (double)s.rss_peak_kib * 1024, "rss");
+    } else if (rss < 0 && s.live_bytes > _al_sampler.peak_bytes) {
+        snapshot(_al_tsc(), s.live_bytes, "estimate");
+    }
     unlock();
 }
 

@@ -34,6 +34,7 @@ struct al_sampler {
     struct al_site unattributed;       /* samples past AL_SITES_MAX sites */
     double peak_bytes;
     uint64_t peak_time;                /* TSC of the peak */
+    const char *peak_source;           /* "heap", "rss" or "estimate": what made it the peak */
     uint64_t dropped;                  /* samples not kept (table full) */
     double live_bytes_at_exit;         /* estimated, when the report was gathered */
 };
@@ -60,9 +61,13 @@ void _al_sampler_collect(void);
 /* Full mode (waste.c): the heap was just measured at HEAP bytes, larger than ever, or about as
  * large at exit (UNLESS_LOWER): what the sites hold now is their peak, unless UNLESS_LOWER and
  * their estimate is lower than at the last one. Without the heap's measure (the other modes)
- * the peak is the process's peak resident size, as the last sampled allocation to raise it saw
- * it (or the report, if it rose after). */
+ * the peak is the process's peak resident size, as the sampled allocation or free that first
+ * found it raised saw it (or the report); where getrusage is refused, where the sampled
+ * estimate of all live bytes was highest. */
 void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
+/* The report is about to be gathered: before it maps anything, whether the process's peak RSS
+ * rose since the last peak (the other modes). */
+void _al_sampler_report_begins(void);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
 void _al_sampler_atfork_child(void);

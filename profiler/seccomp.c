@@ -30,6 +30,7 @@ static struct {
     unsigned kept;
     bool unknown; /* a filter that could not be kept: what it would do is not known */
     bool strict;  /* strict mode: read, write, exit and sigreturn only */
+    unsigned installing; /* installs begun and not yet ended */
     struct {
         struct sock_filter *insns;
         unsigned n;
@@ -39,15 +40,20 @@ static struct {
 _Atomic bool _al_seccomp_on;
 
 /* Whether the filters let through the system calls measuring takes while the program runs
- * (runtime_calls): false from the moment one is being installed until it has been read. */
-static _Atomic bool measures_ok = true;
+ * (runtime_calls), and getrusage: false from the moment one is being installed until every
+ * install under way has ended and its filter been read. Written only under state.lock. */
+static _Atomic bool measures_ok = true, rusage_ok = true;
 
-static void decide_measures(void);
+static void decide_locked(void);
 
-bool _al_seccomp_installing(void)
+void _al_seccomp_installing(void)
 {
+    _al_spin_lock(&state.lock);
+    state.installing++;
     atomic_store(&measures_ok, false);
-    return atomic_exchange(&_al_seccomp_on, true);
+    atomic_store(&rusage_ok, false);
+    atomic_store(&_al_seccomp_on, true);
+    _al_spin_unlock(&state.lock);
 }
 
 bool _al_seccomp_measures_ok(void)
@@ -55,15 +61,23 @@ bool _al_seccomp_measures_ok(void)
     return atomic_load_explicit(&measures_ok, memory_order_relaxed);
 }
 
-void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog, bool ok)
+bool _al_seccomp_rusage_ok(void)
 {
+    return atomic_load_explicit(&rusage_ok, memory_order_relaxed);
+}
+
+void _al_seccomp_installed(bool strict, const struct sock_fprog *prog, bool ok)
+{
+    _al_spin_lock(&state.lock);
+    state.installing--;
     if (!ok) {
-        if (!was)
+        /* No filter after all, unless another install holds one or is under way. */
+        if (!state.installing && !state.kept && !state.strict && !state.unknown)
             atomic_store(&_al_seccomp_on, false);
-        decide_measures();
+        decide_locked();
+        _al_spin_unlock(&state.lock);
         return;
     }
-    _al_spin_lock(&state.lock);
     if (strict) {
         state.strict = true;
     } else {
@@ -77,8 +91,8 @@ void _al_seccomp_installed(bool was, bool strict, const struct sock_fprog *prog,
             state.unknown = true;
         }
     }
+    decide_locked();
     _al_spin_unlock(&state.lock);
-    decide_measures();
 }
 
 /* The value of word K of D (K a byte offset, 4-aligned as the kernel requires). */
@@ -229,8 +243,8 @@ static bool allowed(long nr, const uint64_t args[3])
 
 /* The system calls measuring takes while the program runs, in its allocation calls: the heap's
  * and the process's resident size (/proc/self/statm, /proc/self/maps, the pagemap, mincore),
- * the sampler's peak RSS, and libunwind's stack walks (it checks memory with mincore, or by
- * writing it to a pipe it makes, with signals blocked around its caches). */
+ * and libunwind's stack walks (it checks memory with mincore, or by writing it to a pipe it
+ * makes, with signals blocked around its caches). The sampler's getrusage is asked apart. */
 static const struct {
     long nr;
     uint64_t args[3];
@@ -240,21 +254,20 @@ static const struct {
     { SYS_pread64, { 0 } },
     { SYS_close, { 0 } },
     { SYS_mincore, { 0 } },
-    { SYS_getrusage, { 0 } },
     { SYS_pipe2, { 0, O_NONBLOCK | O_CLOEXEC } },
     { SYS_write, { 0 } },
     { SYS_rt_sigprocmask, { 0 } },
 };
 
-static void decide_measures(void)
+/* state.lock held: the two flags from the filters kept, while no install is under way. */
+static void decide_locked(void)
 {
-    bool ok = true;
-    _al_spin_lock(&state.lock);
-    if (atomic_load(&_al_seccomp_on))
-        for (size_t i = 0; ok && i < sizeof runtime_calls / sizeof runtime_calls[0]; i++)
-            ok = !state.unknown && allowed(runtime_calls[i].nr, runtime_calls[i].args);
-    _al_spin_unlock(&state.lock);
+    static const uint64_t none[3];
+    bool settled = !state.installing && !state.unknown, ok = settled;
+    for (size_t i = 0; ok && i < sizeof runtime_calls / sizeof runtime_calls[0]; i++)
+        ok = allowed(runtime_calls[i].nr, runtime_calls[i].args);
     atomic_store(&measures_ok, ok);
+    atomic_store(&rusage_ok, settled && allowed(SYS_getrusage, none));
 }
 
 const char *_al_seccomp_refuses_report(bool *can_say)

@@ -405,21 +405,35 @@ START_TEST(seccomp_report_refused)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_LOG),
     };
     struct sock_fprog prog = { sizeof deny / sizeof deny[0], deny };
-    _al_seccomp_installed(_al_seccomp_installing(), false, &prog, false);
+    ck_assert(_al_seccomp_measures_ok() && _al_seccomp_rusage_ok());
+    _al_seccomp_installing();
+    ck_assert(!_al_seccomp_measures_ok() && !_al_seccomp_rusage_ok()); /* under way */
+    _al_seccomp_installed(false, &prog, false);
     ck_assert_ptr_null(_al_seccomp_refuses_report(&can_say));
     ck_assert(!_al_seccomp_on);
-    /* Installed: later threads are told, the report is refused by name (and a line can say
-     * so), the copy kept is what counts (the program's buffer may change after). */
-    _al_seccomp_installed(_al_seccomp_installing(), false, &prog, true);
+    ck_assert(_al_seccomp_measures_ok() && _al_seccomp_rusage_ok());
+    /* Two installs overlapping: one failing while the other is under way leaves the filter
+     * on and the measurements off until the other has ended. */
+    _al_seccomp_installing();
+    _al_seccomp_installing();
+    _al_seccomp_installed(false, &prog, false);
+    ck_assert(_al_seccomp_on && !_al_seccomp_measures_ok());
+    /* The other one ends, installed: later threads are told, the report is refused by name
+     * (and a line can say so), the copy kept is what counts (the program's buffer may change
+     * after). */
+    _al_seccomp_installed(false, &prog, true);
     deny[1].k = SYS_getppid;
     ck_assert(_al_seccomp_on);
+    /* It refuses mincore, which measuring takes, not getrusage. */
+    ck_assert(!_al_seccomp_measures_ok() && _al_seccomp_rusage_ok());
     ck_assert_ptr_nonnull(_al_seccomp_note());
     const char *why = _al_seccomp_refuses_report(&can_say);
     ck_assert_ptr_nonnull(why);
     ck_assert_str_eq(why, "the program's seccomp filter refuses mincore, which writing it takes");
     ck_assert(can_say);
     /* Strict mode allows write, all a line needs, and no open. */
-    _al_seccomp_installed(_al_seccomp_installing(), true, NULL, true);
+    _al_seccomp_installing();
+    _al_seccomp_installed(true, NULL, true);
     why = _al_seccomp_refuses_report(&can_say);
     ck_assert_str_eq(why, "the program's seccomp filter refuses openat, which writing it takes");
     ck_assert(can_say);
