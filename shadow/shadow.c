@@ -100,6 +100,17 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
     return r;
 }
 
+__attribute__((noinline)) struct al_shadow_region *_al_shadow_region_fill(struct al_shadow_cache *c, uint64_t a,
+                                                                          bool create)
+{
+    struct al_shadow_region *r = create ? _al_shadow_region_get(a) : _al_shadow_region(a);
+    if (r) {
+        c->key = a >> AL_SHADOW_REGION_SHIFT;
+        c->r = r;
+    }
+    return r;
+}
+
 size_t _al_shadow_dir_touched(uint64_t slices, size_t bytes)
 {
     /* A directory is touched a page at a time: at most one page per slice. */

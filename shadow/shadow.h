@@ -128,18 +128,16 @@ struct al_shadow_cache {
 
 #define AL_SHADOW_NO_KEY UINT64_MAX /* no address shifts down to it */
 
+/* A miss of the cache below: the walk from the directory (and, with CREATE, the record made),
+ * out of line, so that each wrapper holds only the compare. */
+struct al_shadow_region *_al_shadow_region_fill(struct al_shadow_cache *c, uint64_t a, bool create);
+
 static inline __attribute__((always_inline)) struct al_shadow_region *
 _al_shadow_region_cached(struct al_shadow_cache *c, uint64_t a, bool create)
 {
-    uint64_t key = a >> AL_SHADOW_REGION_SHIFT;
-    if (__builtin_expect(c->key == key, 1))
+    if (__builtin_expect(c->key == a >> AL_SHADOW_REGION_SHIFT, 1))
         return c->r;
-    struct al_shadow_region *r = create ? _al_shadow_region_get(a) : _al_shadow_region(a);
-    if (r) {
-        c->key = key;
-        c->r = r;
-    }
-    return r;
+    return _al_shadow_region_fill(c, a, create);
 }
 
 #define AL_SHADOW_SEEN 1u
