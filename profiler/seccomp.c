@@ -70,17 +70,9 @@ void _al_seccomp_installed(bool strict, const struct sock_fprog *prog, bool ok)
 {
     _al_spin_lock(&state.lock);
     state.installing--;
-    if (!ok) {
-        /* No filter after all, unless another install holds one or is under way. */
-        if (!state.installing && !state.kept && !state.strict && !state.unknown)
-            atomic_store(&_al_seccomp_on, false);
-        decide_locked();
-        _al_spin_unlock(&state.lock);
-        return;
-    }
-    if (strict) {
+    if (ok && strict) {
         state.strict = true;
-    } else {
+    } else if (ok) {
         size_t bytes = prog && prog->len ? prog->len * sizeof *prog->filter : 0;
         struct sock_filter *copy = bytes && state.kept < KEPT_MAX ? _al_mem_map(bytes) : NULL;
         if (copy) {
@@ -91,6 +83,9 @@ void _al_seccomp_installed(bool strict, const struct sock_fprog *prog, bool ok)
             state.unknown = true;
         }
     }
+    /* A failed install: no filter after all, unless another holds one or is under way. */
+    if (!state.installing && !state.kept && !state.strict && !state.unknown)
+        atomic_store(&_al_seccomp_on, false);
     decide_locked();
     _al_spin_unlock(&state.lock);
 }
@@ -198,11 +193,13 @@ uint32_t _al_seccomp_run(const struct sock_filter *f, unsigned n, const struct s
 /* The system calls writing a report takes (the symbolizer helper is not run once a filter is
  * on), with the arguments a filter may look at: files opened for reading (/proc) and for
  * writing (the report), the report descriptors' flags, anonymous memory. */
-static const struct {
+struct call {
     const char *name;
     long nr;
     uint64_t args[3];
-} report_calls[] = {
+};
+
+static const struct call report_calls[] = {
     { "write", SYS_write, { STDERR_FILENO } }, /* first: whether a refusal can be said */
     { "openat", SYS_openat, { (uint64_t)AT_FDCWD, 0, O_RDONLY | O_CLOEXEC } },
     { "openat", SYS_openat, { (uint64_t)AT_FDCWD, 0, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC } },
@@ -245,29 +242,36 @@ static bool allowed(long nr, const uint64_t args[3])
  * and the process's resident size (/proc/self/statm, /proc/self/maps, the pagemap, mincore),
  * and libunwind's stack walks (it checks memory with mincore, or by writing it to a pipe it
  * makes, with signals blocked around its caches). The sampler's getrusage is asked apart. */
-static const struct {
-    long nr;
-    uint64_t args[3];
-} runtime_calls[] = {
-    { SYS_openat, { (uint64_t)AT_FDCWD, 0, O_RDONLY | O_CLOEXEC } },
-    { SYS_read, { 0 } },
-    { SYS_pread64, { 0 } },
-    { SYS_close, { 0 } },
-    { SYS_mincore, { 0 } },
-    { SYS_pipe2, { 0, O_NONBLOCK | O_CLOEXEC } },
-    { SYS_write, { 0 } },
-    { SYS_rt_sigprocmask, { 0 } },
+static const struct call runtime_calls[] = {
+    { "openat", SYS_openat, { (uint64_t)AT_FDCWD, 0, O_RDONLY | O_CLOEXEC } },
+    { "read", SYS_read, { 0 } },
+    { "pread64", SYS_pread64, { 0 } },
+    { "close", SYS_close, { 0 } },
+    { "mincore", SYS_mincore, { 0 } },
+    { "pipe2", SYS_pipe2, { 0, O_NONBLOCK | O_CLOEXEC } },
+    { "write", SYS_write, { 0 } },
+    { "rt_sigprocmask", SYS_rt_sigprocmask, { 0 } },
 };
+
+static const struct call rusage_call[] = { { "getrusage", SYS_getrusage, { 0 } } };
+
+#define CALLS(a) (a), sizeof(a) / sizeof((a)[0])
+
+/* state.lock held: the first of the N calls C the filters refuse, or -1. */
+static int first_refused(const struct call *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!allowed(c[i].nr, c[i].args))
+            return (int)i;
+    return -1;
+}
 
 /* state.lock held: the two flags from the filters kept, while no install is under way. */
 static void decide_locked(void)
 {
-    static const uint64_t none[3];
-    bool settled = !state.installing && !state.unknown, ok = settled;
-    for (size_t i = 0; ok && i < sizeof runtime_calls / sizeof runtime_calls[0]; i++)
-        ok = allowed(runtime_calls[i].nr, runtime_calls[i].args);
-    atomic_store(&measures_ok, ok);
-    atomic_store(&rusage_ok, settled && allowed(SYS_getrusage, none));
+    bool settled = !state.installing && !state.unknown;
+    atomic_store(&measures_ok, settled && first_refused(CALLS(runtime_calls)) < 0);
+    atomic_store(&rusage_ok, settled && first_refused(CALLS(rusage_call)) < 0);
 }
 
 const char *_al_seccomp_refuses_report(bool *can_say)
@@ -282,13 +286,12 @@ const char *_al_seccomp_refuses_report(bool *can_say)
         refused = "a seccomp filter the program installed could not be read";
         *can_say = false;
     }
-    for (size_t i = 0; !refused && i < sizeof report_calls / sizeof report_calls[0]; i++) {
-        if (!allowed(report_calls[i].nr, report_calls[i].args)) {
-            snprintf(why, sizeof why, "the program's seccomp filter refuses %s, which writing it takes",
-                     report_calls[i].name);
-            refused = why;
-            *can_say = i > 0;
-        }
+    int i = refused ? -1 : first_refused(CALLS(report_calls));
+    if (i >= 0) {
+        snprintf(why, sizeof why, "the program's seccomp filter refuses %s, which writing it takes",
+                 report_calls[i].name);
+        refused = why;
+        *can_say = i > 0;
     }
     _al_spin_unlock(&state.lock);
     return refused;
