@@ -99,6 +99,18 @@ long _al_proc_status(const char *field)
     return (long)_al_proc_num(&f, 10);
 }
 
+int64_t _al_proc_rss(void)
+{
+    char buf[128];
+    if (_al_proc_read("/proc/self/statm", buf, sizeof buf) < 0)
+        return -1;
+    const char *c = strchr(buf, ' '); /* "size resident shared ..." in pages */
+    if (!c)
+        return -1;
+    c++;
+    return (int64_t)_al_proc_num(&c, 10) * 4096;
+}
+
 int _al_proc_pagemap_open(void)
 {
     return open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);

@@ -570,6 +570,8 @@ bool _al_maps_find(uint64_t a, char *buf, size_t cap, struct al_map_span *out);
 ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
 /* The number after "FIELD:" in /proc/self/status (TracerPid, Seccomp...), or -1. */
 long _al_proc_status(const char *field);
+/* The process's resident size now, in bytes (/proc/self/statm), or -1. */
+int64_t _al_proc_rss(void);
 /* The whole file at PATH appended to B, however long; whether it was read to its end. */
 bool _al_proc_append(const char *path, struct al_buf *b);
 /* The unsigned number at *S in BASE (10 or 16, lower-case digits); *S is left after it. */

@@ -115,17 +115,14 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
 /* Which peak the sites' live bytes are taken at (see _al_sampler_heap_peak), and when: ns
  * since the process image started (a peak at exit, found while the report is gathered, is
  * the run's end). */
-static const char *peak_source(void)
-{
-    return _al_sampler.peak_source ? _al_sampler.peak_source : "none";
-}
-
-static const char *peak_source_text(void)
-{
-    const char *s = peak_source();
-    return !strcmp(s, "heap") ? "the heap's peak" : !strcmp(s, "rss") ? "the process's RSS peak"
-           : !strcmp(s, "estimate") ? "the sampled estimate's peak" : "no peak seen";
-}
+static const struct {
+    const char *name, *text;
+} peak_sources[] = {
+    [AL_PEAK_NONE] = { "none", "no peak seen" },
+    [AL_PEAK_HEAP] = { "heap", "the heap's peak" },
+    [AL_PEAK_RSS] = { "rss", "the process's RSS peak" },
+    [AL_PEAK_ESTIMATE] = { "estimate", "the sampled estimate's peak" },
+};
 
 static double peak_ns(const struct al_report *r)
 {
@@ -146,7 +143,8 @@ void _al_report_sites_json(struct al_buf *b, const struct al_report *r)
                    "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n"
                    "    \"peak_source\": \"%s\", \"peak_time_ns\": %.0f,\n",
                    _al_sampler.rate, (unsigned long long)_al_sampler.seed, _al_sampler.nsites, _al_sampler.peak_bytes,
-                   _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped, peak_source(), peak_ns(r));
+                   _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped,
+                   peak_sources[_al_sampler.peak_source].name, peak_ns(r));
     const char *why = _al_symbols_unavailable();
     _al_buf_puts(b, "    \"symbols\": ");
     _al_buf_json_str(b, _al_symbols_source());
@@ -174,7 +172,7 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
     struct al_site **r = ranked(by_peak, &n);
     _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, "
                    "at %s, %.3f s)\n", _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0,
-                   peak_source_text(), peak_ns(rep) / 1e9);
+                   peak_sources[_al_sampler.peak_source].text, peak_ns(rep) / 1e9);
     const char *why = _al_symbols_unavailable();
     if (why)
         _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);

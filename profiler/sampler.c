@@ -178,7 +178,7 @@ void _al_sampler_atfork_child(void)
         s.live_bytes = s.residency_peak = 0;
         s.residency_pending = s.peak_set_current = false;
         s.rss_peak_kib = 0;
-        _al_sampler.peak_source = NULL;
+        _al_sampler.peak_source = AL_PEAK_NONE;
     }
     unlock();
 }
@@ -400,33 +400,13 @@ static long rss_peak(void)
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
 }
 
-static void snapshot(uint64_t now, double size, const char *source);
-
-/* Lock held, at a sampled event, before it changes the samples (RSS: rss_peak's answer
- * before the lock): without the heap's measure, a new peak if the peak RSS rose, or where that
- * cannot be asked, if the estimate of all live bytes passed its last peak by a MiB. Then the
- * residency of a peak's samples, still as they were at it, if due (not while the program's
- * seccomp filters may refuse the pagemap's reading: the report, which may, measures it then). */
-static void sampled_event_peak(long rss, uint64_t now)
-{
-    bool estimate = !heap_measured() && rss < 0;
-    if (rss > s.rss_peak_kib) {
-        s.rss_peak_kib = rss;
-        snapshot(now, (double)rss * 1024, "rss");
-    } else if (estimate && (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || !_al_sampler.peak_time)) {
-        snapshot(now, s.live_bytes, "estimate");
-    }
-    if (s.residency_pending && _al_seccomp_measures_ok())
-        measure_residency();
-}
-
 /* Lock held: a new peak of SIZE bytes (the heap's, the peak RSS, or the estimate: SOURCE). The
  * per-site live bytes are copied at every new peak. Residency is measured when the peak has
  * grown by an eighth since it was last measured, and as late as the peak's set of samples
  * stands: at once for a sampled event's, else at the next sampled allocation or free, or at
  * the report. Measured as a heap peak is found (inside the allocation that made it), the
  * object that made it would always look untouched: its caller has not had it back yet. */
-static void snapshot(uint64_t now, double size, const char *source)
+static void snapshot(uint64_t now, double size, enum al_peak_source source)
 {
     _al_sampler.peak_bytes = s.live_bytes;
     _al_sampler.peak_time = now;
@@ -439,6 +419,25 @@ static void snapshot(uint64_t now, double size, const char *source)
         s.residency_pending = true;
     }
 }
+
+/* Lock held, at a sampled event, before it changes the samples (RSS: rss_peak's answer
+ * before the lock): without the heap's measure, a new peak if the peak RSS rose, or where that
+ * cannot be asked, if the estimate of all live bytes passed its last peak by a MiB. Then the
+ * residency of a peak's samples, still as they were at it, if due (not while the program's
+ * seccomp filters may refuse the pagemap's reading: the report, which may, measures it then). */
+static void sampled_event_peak(long rss, uint64_t now)
+{
+    bool estimate = !heap_measured() && rss < 0;
+    if (rss > s.rss_peak_kib) {
+        s.rss_peak_kib = rss;
+        snapshot(now, (double)rss * 1024, AL_PEAK_RSS);
+    } else if (estimate && (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || !_al_sampler.peak_time)) {
+        snapshot(now, s.live_bytes, AL_PEAK_ESTIMATE);
+    }
+    if (s.residency_pending && _al_seccomp_measures_ok())
+        measure_residency();
+}
+
 
 /* ---- the slow paths ----------------------------------------------------------------------- */
 
@@ -502,7 +501,7 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower)
         return;
     lock();
     if (!unless_lower || s.live_bytes >= _al_sampler.peak_bytes)
-        snapshot(_al_tsc(), (double)heap, "heap");
+        snapshot(_al_tsc(), (double)heap, AL_PEAK_HEAP);
     unlock();
 }
 
@@ -513,9 +512,8 @@ AL_NOINLINE void _al_sample_free(const void *p)
     uint64_t now = _al_tsc();
     lock();
     struct sample *e = find((uintptr_t)p);
-    if (e)
-        sampled_event_peak(rss, now); /* a peak passed since the last sample: p still in it */
     if (e) {
+        sampled_event_peak(rss, now); /* a peak passed since the last sample: p still in it */
         forget(e, now);
         s.peak_set_current = false;
     }
@@ -538,7 +536,9 @@ void _al_sampler_report_begins(void)
 {
     if (!_al_sampler.enabled || heap_measured())
         return;
-    long rss = rss_peak(), now_kib = rss >= 0 ? _al_proc_status("VmRSS") : -1;
+    long rss = rss_peak();
+    int64_t now = rss >= 0 ? _al_proc_rss() : -1;
+    long now_kib = now >= 0 ? (long)(now / 1024) : -1;
     lock();
     /* Exit is the peak if the peak RSS rose since the last one, or if the process is about as
      * large as then (a MiB: the kernel's counts of resident pages lag) and the estimate is no
@@ -547,9 +547,9 @@ void _al_sampler_report_begins(void)
     if (rss >= 0 && (rss > s.rss_peak_kib || still)) {
         if (rss > s.rss_peak_kib)
             s.rss_peak_kib = rss;
-        snapshot(_al_tsc(), (double)s.rss_peak_kib * 1024, "rss");
+        snapshot(_al_tsc(), (double)s.rss_peak_kib * 1024, AL_PEAK_RSS);
     } else if (rss < 0 && s.live_bytes > _al_sampler.peak_bytes) {
-        snapshot(_al_tsc(), s.live_bytes, "estimate");
+        snapshot(_al_tsc(), s.live_bytes, AL_PEAK_ESTIMATE);
     }
     unlock();
 }

@@ -10,6 +10,9 @@
 #define AL_SITES_MAX 4096
 #define AL_SITE_SLOTS 8192            /* hash slots of the site table */
 
+/* What made the sites' peak the peak (see _al_sampler_heap_peak). */
+enum al_peak_source { AL_PEAK_NONE, AL_PEAK_HEAP, AL_PEAK_RSS, AL_PEAK_ESTIMATE };
+
 struct al_site {
     uint64_t hash;
     uint32_t nframes;
@@ -34,7 +37,7 @@ struct al_sampler {
     struct al_site unattributed;       /* samples past AL_SITES_MAX sites */
     double peak_bytes;
     uint64_t peak_time;                /* TSC of the peak */
-    const char *peak_source;           /* "heap", "rss" or "estimate": what made it the peak */
+    enum al_peak_source peak_source;
     uint64_t dropped;                  /* samples not kept (table full) */
     double live_bytes_at_exit;         /* estimated, when the report was gathered */
 };

@@ -250,18 +250,6 @@ void _al_waste_restore(struct al_thread *t, void *p, const struct al_waste_undo 
 
 /* ---- snapshots ------------------------------------------------------------------------------ */
 
-static uint64_t rss_now(void)
-{
-    char buf[128];
-    if (_al_proc_read("/proc/self/statm", buf, sizeof buf) < 0)
-        return 0;
-    const char *c = strchr(buf, ' '); /* "size resident shared ..." in pages */
-    if (!c)
-        return 0;
-    c++;
-    return _al_proc_num(&c, 10) * 4096;
-}
-
 /* Row I of snapshot S set to SRC, written only where it changed (see snap.sums). */
 static void store_row(struct al_waste_snapshot *s, uint32_t i, const int64_t *src)
 {
@@ -359,7 +347,8 @@ static void check_footprint(void)
 {
     if (!_al_seccomp_measures_ok())
         return; /* the snapshots taken stand; the state at exit is measured with the report */
-    uint64_t rss = rss_now();
+    int64_t now = _al_proc_rss();
+    uint64_t rss = now > 0 ? (uint64_t)now : 0;
     uint64_t last = atomic_load_explicit(&snap.measured, memory_order_relaxed);
     if (last) { /* before the first measurement there is nothing to add the growth to */
         uint64_t heap = (last >> 32) * 4096, at = (last & 0xffffffffu) * 4096;
