@@ -148,27 +148,26 @@ size_t _al_shadow_resident(const void *p, size_t bytes)
 
 /* Region records and heap slices are mostly untouched address space: count what the kernel
  * backs. */
+/* Resident bytes of the N mappings of SIZE bytes made so far, the first MAX of them in LIST
+ * (one being installed counts nothing); those past the list count PAST bytes each. */
+static size_t listed_resident(_Atomic(void *) *list, uint64_t n, uint64_t max, size_t size, size_t past)
+{
+    size_t total = n > max ? (n - max) * past : 0;
+    for (uint64_t i = 0; i < n && i < max; i++) {
+        void *p = atomic_load_explicit(&list[i], memory_order_acquire);
+        total += p ? _al_shadow_resident(p, size) : 0;
+    }
+    return total;
+}
+
 size_t _al_shadow_footprint(void)
 {
     uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
-    size_t total = _al_shadow_dir_touched(slices, dir_bytes) + _al_shadow_heap_footprint();
-    for (uint64_t i = 0; i < slices; i++) {
-        if (i >= SLICES_MAX) {
-            total += sizeof(struct al_shadow_slice);
-            continue;
-        }
-        struct al_shadow_slice *s = atomic_load_explicit(&slice_list[i], memory_order_acquire);
-        total += s ? _al_shadow_resident(s, sizeof *s) : 0;
-    }
-    uint64_t n = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
-    if (n > ALL_MAX)
-        n = ALL_MAX;
-    for (uint64_t i = 0; i < n; i++) {
-        struct al_shadow_region *r = atomic_load_explicit(&all[i], memory_order_acquire);
-        if (r)
-            total += _al_shadow_resident(r, sizeof *r);
-    }
-    return total;
+    uint64_t regions = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
+    size_t slice = sizeof(struct al_shadow_slice), region = sizeof(struct al_shadow_region);
+    return _al_shadow_dir_touched(slices, dir_bytes) + _al_shadow_heap_footprint() +
+           listed_resident((_Atomic(void *) *)slice_list, slices, SLICES_MAX, slice, slice) +
+           listed_resident((_Atomic(void *) *)all, regions, ALL_MAX, region, 0);
 }
 
 void _al_shadow_set_sampled(const void *p, bool sampled)
