@@ -355,15 +355,14 @@ def show_rows(report, limit=12):
     return "\n".join(out)
 
 
-def run_series(tap, label, prog, args, rate, tmp, mode=None):
-    """20 seeds of PROG ARGS at RATE (None: the default), in MODE (None: the default). Returns
-    ({seed: report}, truth) or (None, None) when the runs fail."""
-    extra_rate = (() if rate is None else ("--sample-rate", str(rate))) + \
-        (() if mode is None else ("--mode", mode))
+def run_series(tap, label, prog, args, rate, tmp, extra=()):
+    """20 seeds of PROG ARGS at RATE (None: the default), with the alloclens options EXTRA.
+    Returns ({seed: report}, truth) or (None, None) when the runs fail."""
+    extra = (*(() if rate is None else ("--sample-rate", str(rate))), *extra)
     reports, truth, whys = {}, None, []
     for seed in SEEDS:
         proc, report, tr, why = run([prog, *args], tmp, f"{label}-{seed}".replace(" ", "_"),
-                                    extra=(*extra_rate, "--seed", str(seed)))
+                                    extra=(*extra, "--seed", str(seed)))
         if why:
             whys.append(f"seed {seed}: {why}")
             if len(whys) >= 2 and not reports:
@@ -747,7 +746,7 @@ def main():
 
     for mode in ("full", "sample"):
         label = f"churn --mode {mode}"
-        reports, truth = run_series(tap, label, stats, ["--churn"], None, tmp, mode)
+        reports, truth = run_series(tap, label, stats, ["--churn"], None, tmp, ("--mode", mode))
         if reports:
             per_run_checks(tap, label, reports, truth, None, os.path.basename(stats) + ".c")
 

@@ -69,15 +69,19 @@ static void churn(int rounds)
     }
 }
 
+/* Filter instructions: load the system call's number (or argument I), return V; a filter that
+ * ends the process at system call SYSNO and lets everything else through. */
+#define LD_NR BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
+#define LD_ARG(i) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[i]))
+#define RET(v) BPF_STMT(BPF_RET | BPF_K, (v))
+#define KILL_AT(sysno)                                                                            \
+    { LD_NR, BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (sysno), 0, 1), RET(SECCOMP_RET_KILL_PROCESS), \
+      RET(SECCOMP_RET_ALLOW) }
+
 /* The filter a sandboxed service starts under: perf_event_open ends the process. */
 static int exec_filtered(char **cmd)
 {
-    struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_perf_event_open, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
+    struct sock_filter f[] = KILL_AT(SYS_perf_event_open);
     struct sock_fprog prog = { sizeof f / sizeof f[0], f };
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
         return 20;
@@ -96,13 +100,13 @@ static void *churner(void *arg)
 static int later_filtered(const char *how)
 {
     struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        LD_NR,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_perf_event_open, 3, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prctl, 0, 3),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        LD_ARG(0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, PR_SET_SYSCALL_USER_DISPATCH, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        RET(SECCOMP_RET_KILL_PROCESS),
+        RET(SECCOMP_RET_ALLOW),
     };
     struct sock_fprog prog = { sizeof f / sizeof f[0], f };
     churn(1);
@@ -112,24 +116,19 @@ static int later_filtered(const char *how)
                                : syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog))
         return 21;
     struct sock_filter nofiles[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        LD_NR,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 0, 3),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        LD_ARG(2),
         BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, O_CREAT, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        RET(SECCOMP_RET_KILL_PROCESS),
+        RET(SECCOMP_RET_ALLOW),
     };
     struct sock_fprog second = { sizeof nofiles / sizeof nofiles[0], nofiles };
     if (!strcmp(how, "nofiles") && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &second))
         return 24;
     /* nomincore, norusage: a filter ending the process at that one system call */
     long one = !strcmp(how, "nomincore") ? SYS_mincore : !strcmp(how, "norusage") ? SYS_getrusage : -1;
-    struct sock_filter kill_one[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)one, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
+    struct sock_filter kill_one[] = KILL_AT((uint32_t)one);
     struct sock_fprog third = { sizeof kill_one / sizeof kill_one[0], kill_one };
     if (one >= 0 && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &third))
         return 25;
@@ -180,13 +179,13 @@ int main(int argc, char **argv)
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        RET(SECCOMP_RET_ALLOW),
+        LD_NR,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getppid, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        RET(SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_uname, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        RET(SECCOMP_RET_TRAP),
+        RET(SECCOMP_RET_ALLOW),
     };
     struct sock_fprog prog = { .len = sizeof f / sizeof f[0], .filter = f };
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
