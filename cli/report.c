@@ -344,7 +344,9 @@ static void sites_section(struct out *o, json_object *r)
     _al_cli_bytes(peak, sizeof peak, _al_cli_num(s, "live_bytes_at_peak"));
     char when[96] = "";
     const char *source = _al_cli_str(s, "peak_source"); /* absent from older reports */
-    if (*source)
+    if (!strcmp(source, "none"))
+        snprintf(when, sizeof when, ", no peak seen");
+    else if (*source)
         snprintf(when, sizeof when, ", at the %s peak, %.3f s",
                  strcmp(source, "heap") == 0 ? "heap's" : strcmp(source, "rss") == 0 ? "process's RSS"
                  : strcmp(source, "estimate") == 0 ? "sampled estimate's" : source,

@@ -170,9 +170,12 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
     _al_sampler_lock();
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
-    _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, "
-                   "at %s, %.3f s)\n", _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0,
-                   peak_sources[_al_sampler.peak_source].text, peak_ns(rep) / 1e9);
+    _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, ",
+                   _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0);
+    if (_al_sampler.peak_source == AL_PEAK_NONE)
+        _al_buf_printf(b, "%s)\n", peak_sources[AL_PEAK_NONE].text);
+    else
+        _al_buf_printf(b, "at %s, %.3f s)\n", peak_sources[_al_sampler.peak_source].text, peak_ns(rep) / 1e9);
     const char *why = _al_symbols_unavailable();
     if (why)
         _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);

@@ -11,6 +11,7 @@ a report, an unwritable --html path, wrong arguments) gets one line on stderr an
 Every field of the full-mode report is documented in docs/report-schema.md.
 """
 import html.parser
+import json
 import os
 import re
 import subprocess
@@ -158,6 +159,17 @@ def main():
     reason = (rep3 or {}).get("memory", {}).get("reason", "?")
     tap.ok(p.returncode == 0 and f"unavailable: {reason}" in p.stdout,
            "text: memory waste in --mode time is unavailable, with the report's reason", p.stdout[-1200:])
+
+    # Sites with no peak (the sampler saw none: no samples, getrusage refused) say so, in
+    # words, not as "the none peak" at a time of 0.
+    nopeak = json.loads(json.dumps(rep))
+    nopeak["sites"].update(peak_source="none", peak_time_ns=0)
+    with open(os.path.join(tmp, "nopeak.json"), "w") as f:
+        json.dump(nopeak, f)
+    p = report([os.path.join(tmp, "nopeak.json")], tmp)
+    line = [l for l in p.stdout.splitlines() if "live at the peak" in l]
+    tap.ok(p.returncode == 0 and len(line) == 1 and "(estimated, no peak seen)" in line[0]
+           and "none" not in line[0], "text: sites with no peak seen say so", p.stdout[-1500:])
 
     # A process ended by a signal: its report has no exit status; the runtime line says why.
     proc, rep4 = altest.run("glibc", ["sh", "-c", "kill -TERM $$"], tmp, name="term")
