@@ -1,6 +1,7 @@
 /* Unit tests of profiler/: histogram buckets and quantiles, timed calls with no memory for
  * their histogram, the TSC's cost and rate, the options parser and settings (garbage values
- * warned about and defaulted), row indexing, the report buffer's JSON escaping. */
+ * warned about and defaulted), row indexing, the report buffer's JSON escaping, our descriptors'
+ * table. */
 #include <check.h>
 
 #include "check_main.h"
@@ -330,6 +331,31 @@ START_TEST(proc_written_pages)
 }
 END_TEST
 
+/* fds.c: the kernel's descriptor table grown to the top at start, while no thread shares it
+ * (a shared one grows only after an RCU grace period, and the growing thread waits), and no
+ * descriptor left behind. */
+START_TEST(fds_table_grown_at_start)
+{
+    struct rlimit nofile;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &nofile), 0);
+    if (nofile.rlim_max < 2048) {
+        fprintf(stderr, "fds_table_grown_at_start: skipped, RLIMIT_NOFILE's hard limit is below 2048\n");
+        return;
+    }
+    nofile.rlim_cur = 2048; /* the top: 2032 */
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &nofile), 0);
+    long before = _al_proc_status("FDSize");
+    int probe = dup(2);
+    ck_assert_int_ge(probe, 0);
+    close(probe);
+    ck_assert_msg(before > 0 && before < 2032, "FDSize %ld before: the test cannot tell", before);
+    _al_fds_init();
+    ck_assert_int_ge(_al_proc_status("FDSize"), 2033);
+    ck_assert_int_eq(dup(2), probe); /* the lowest free number is still free: nothing kept */
+    ck_assert_int_eq(_al_fd_top(dup(2)), 2032);
+}
+END_TEST
+
 /* seccomp.c: the program's filters, run as the kernel would. */
 static uint32_t run_filter(const struct sock_filter *f, unsigned n, int nr, uint64_t arg0, uint64_t arg2)
 {
@@ -541,6 +567,7 @@ int main(void)
     tcase_add_test(tc, buf_json_escaping);
     tcase_add_test(tc, buf_u64_decimal);
     tcase_add_test(tc, proc_written_pages);
+    tcase_add_test(tc, fds_table_grown_at_start);
     tcase_add_test(tc, seccomp_filter_runs);
     tcase_add_test(tc, seccomp_report_refused);
     tcase_add_test(tc, reach_file_capabilities);
