@@ -62,7 +62,12 @@ static struct {
     bool residency_pending;
     bool peak_set_current;  /* the live samples are still the peak's: none added or freed since */
     long rss_peak_kib;      /* without the heap's measure: the process's peak RSS at the last peak */
-    bool hwm_from_proc;     /* getrusage holds an earlier image's peak: VmHWM is this one's */
+    /* getrusage's peak at start where it is an earlier image's, above this one's (exec keeps
+     * it); 0 where it is not, or once this image's passed it. Below it, VmHWM, at most 1% of
+     * the time: no /proc read before the TSC reaches hwm_next; the last one's answer until. */
+    _Atomic long inherited_kib;
+    _Atomic uint64_t hwm_next;
+    _Atomic long hwm_last;
     uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s;
 
@@ -146,7 +151,8 @@ void _al_sampler_init(const struct al_settings *set)
      * above this image's own (VmHWM), this one's rises would not show there. */
     struct rusage ru;
     long hwm = _al_proc_status("VmHWM");
-    s.hwm_from_proc = hwm > 0 && getrusage(RUSAGE_SELF, &ru) == 0 && ru.ru_maxrss > hwm + 1024;
+    if (hwm > 0 && getrusage(RUSAGE_SELF, &ru) == 0 && ru.ru_maxrss > hwm + 1024)
+        s.inherited_kib = ru.ru_maxrss;
     struct al_object self;
     if (_al_object_of((const void *)_al_sampler_init, &self)) {
         s.self_lo = self.seg_lo;
@@ -178,6 +184,8 @@ void _al_sampler_atfork_child(void)
         s.live_bytes = s.residency_peak = 0;
         s.residency_pending = s.peak_set_current = false;
         s.rss_peak_kib = 0;
+        /* A forked child's getrusage starts from its own copy of the memory: no earlier peak. */
+        s.inherited_kib = 0;
         _al_sampler.peak_source = AL_PEAK_NONE;
     }
     unlock();
@@ -389,15 +397,31 @@ static bool heap_measured(void)
  * /proc read VmHWM takes after exec). A sampled allocation or free that finds it higher than
  * at the last peak marks a new peak, before it changes the samples: a moment the sampler's
  * noise does not choose, as the highest of its own estimate would be (that overstates what
- * is live). */
-static long rss_peak(void)
+ * is live).
+ * After an exec from a larger image (a small program started by a shell or by `alloclens
+ * run`), until this image passes that one's peak, VmHWM is read instead: about 8 us a read,
+ * which at every sample cost malloc_bench a third of its time. So it is read at most 1% of
+ * the time, unless EVERY (the report's check), and in between the last read stands: a rise
+ * is seen a little later, at a moment the samples still do not choose. */
+static long rss_peak(bool every)
 {
     struct rusage ru;
-    if (heap_measured() || !_al_seccomp_rusage_ok())
+    if (heap_measured() || !_al_seccomp_rusage_ok() || getrusage(RUSAGE_SELF, &ru) != 0)
         return -1;
-    if (s.hwm_from_proc)
-        return _al_seccomp_measures_ok() ? _al_proc_status("VmHWM") : -1;
-    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+    long inherited = atomic_load_explicit(&s.inherited_kib, memory_order_relaxed);
+    if (AL_LIKELY(ru.ru_maxrss > inherited)) {
+        if (inherited)
+            atomic_store_explicit(&s.inherited_kib, 0, memory_order_relaxed);
+        return ru.ru_maxrss;
+    }
+    uint64_t t0 = _al_tsc();
+    if (!every && t0 < atomic_load_explicit(&s.hwm_next, memory_order_relaxed))
+        return atomic_load_explicit(&s.hwm_last, memory_order_relaxed);
+    long hwm = _al_seccomp_measures_ok() ? _al_proc_status("VmHWM") : -1;
+    uint64_t t1 = _al_tsc();
+    atomic_store_explicit(&s.hwm_next, t1 + 99 * (t1 - t0), memory_order_relaxed);
+    atomic_store_explicit(&s.hwm_last, hwm, memory_order_relaxed);
+    return hwm;
 }
 
 /* Lock held: a new peak of SIZE bytes (the heap's, the peak RSS, or the estimate: SOURCE). The
@@ -463,7 +487,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     uint64_t usable = _al_usable_size ? _al_usable_size(p) : size;
     double prob = -expm1(-((double)size + 1.0) / _al_sampler.rate);
     double objects = 1.0 / prob, bytes = (double)size / prob;
-    long rss = rss_peak();
+    long rss = rss_peak(false);
     uint64_t now = _al_tsc();
     lock();
     /* Before this sample is added: it would lift its site by a whole sample's weight at every
@@ -508,7 +532,7 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower)
 AL_NOINLINE void _al_sample_free(const void *p)
 {
     int saved = errno, cancel = _al_nocancel_begin();
-    long rss = rss_peak(); /* the shadow marks p sampled: it is, but for a race */
+    long rss = rss_peak(false); /* the shadow marks p sampled: it is, but for a race */
     uint64_t now = _al_tsc();
     lock();
     struct sample *e = find((uintptr_t)p);
@@ -536,7 +560,7 @@ void _al_sampler_report_begins(void)
 {
     if (!_al_sampler.enabled || heap_measured())
         return;
-    long rss = rss_peak();
+    long rss = rss_peak(true);
     int64_t now = rss >= 0 ? _al_proc_rss() : -1;
     long now_kib = now >= 0 ? (long)(now / 1024) : -1;
     lock();
