@@ -311,17 +311,27 @@ def run(cmd, tmp, name, extra=(), env=None):
     return proc, report, truth, None
 
 
-def check_symbols(tap, prog, tmp, reports):
+def check_symbols(tap, prog, tmp, reports, label):
     """Frames are named by alloclens-symbolize (debug information: the program's file:line);
-    a copy of the library with no symbolizer beside it falls back to the dynamic symbol table
-    and says why."""
-    first = next(iter(reports.values()))
+    the text report's sites give their three innermost frames, as the JSON's top sites; a copy
+    of the library with no symbolizer beside it falls back to the dynamic symbol table and says
+    why."""
+    seed, first = next(iter(reports.items()))
     sites = first["sites"]
     src = os.path.basename(prog) + ".c:"
     tap.ok(sites.get("symbols") == "debug information" and sites.get("symbols_reason") is None,
            "frames are named from debug information", f"{sites.get('symbols')}: {sites.get('symbols_reason')}")
     tap.ok(any(src in f for row in sites["top"] for f in row["stack"]),
            f"the stacks give {src}LINE", show_rows(first))
+    with open(os.path.join(tmp, f"{label}-{seed}.txt".replace(" ", "_"))) as f:
+        text = f.read().splitlines()
+    at = next((i for i, l in enumerate(text) if l.split()[:1] == ["live@peak"]), None)
+    lines = text[at + 1:at + 1 + len(sites["top"][:10])] if at is not None else []
+    want = [" < ".join(row["stack"][:3]) for row in sites["top"][:10]]
+    tap.ok(want and len(lines) == len(want) and all(
+               l.split(None, 3)[3:] == [w] for l, w in zip(lines, want)),
+           "text: each top site with its three innermost frames, as in the JSON",
+           "\n".join(text[at or 0:(at or 0) + 12]) + "\nwant:\n" + "\n".join(want))
     lib = next((os.path.join(d, "liballoclens.so") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":")
                 if d and os.path.exists(os.path.join(d, "liballoclens.so"))), None)
     if not tap.ok(lib is not None, "liballoclens.so found through LD_LIBRARY_PATH (meson sets it)"):
@@ -734,7 +744,7 @@ def main():
         check_counts_mean(tap, label, reports, "site_medium_objects",
                           truth["site_medium_objects"], DEFAULT_RATE)
         check_determinism(tap, stats, tmp, reports)
-        check_symbols(tap, stats, tmp, reports)
+        check_symbols(tap, stats, tmp, reports, label)
 
     label = f"rate {SMALL_RATE}"
     reports, truth = run_series(tap, label, stats, ["--no-transient"], SMALL_RATE, tmp)
