@@ -92,8 +92,23 @@ static void usage(FILE *f)
             MAX_RUNS);
 }
 
-/* One report's figures; false when it cannot be read. */
-static bool read_report(const char *path, double m[M_N], char *why, size_t cap)
+/* The version the allocator gave its report, where the report is about the library C names:
+ * the listing's is the file name's (libjemalloc.so.2 says 2; the allocator, 5.3.0). */
+static void take_version(struct compared *c, json_object *r)
+{
+    json_object *a = _al_cli_get(r, "allocator");
+    const char *v = _al_cli_str(a, "version");
+    char mine[PATH_MAX], theirs[PATH_MAX];
+    if (*v && strcmp(v, c->alloc.version) && realpath(c->alloc.path, mine) &&
+        realpath(_al_cli_str(a, "path"), theirs) && !strcmp(mine, theirs)) {
+        snprintf(c->alloc.version, sizeof c->alloc.version, "%s", v);
+        snprintf(c->label, sizeof c->label, "%s %s", c->alloc.name, c->alloc.version);
+    }
+}
+
+/* One report's figures (and C's version, as the allocator gives it); false when it cannot be
+ * read. */
+static bool read_report(const char *path, struct compared *c, double m[M_N], char *why, size_t cap)
 {
     json_object *r = json_object_from_file(path);
     if (!r) {
@@ -139,6 +154,7 @@ static bool read_report(const char *path, double m[M_N], char *why, size_t cap)
             n += _al_cli_num(json_object_array_get_idx(sys, i), "count");
         m[M_SYSCALLS] = n;
     }
+    take_version(c, r);
     json_object_put(r);
     return true;
 }
@@ -430,7 +446,7 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
                 fflush(stderr);
             }
             int status = run_once(self, c, mode, cmd, path, show_reports);
-            if (read_report(path, c->run[c->nruns], why, sizeof why)) {
+            if (read_report(path, c, c->run[c->nruns], why, sizeof why)) {
                 c->nruns++;
             } else {
                 char how[48];

@@ -70,6 +70,10 @@ def main():
         if not tap.ok(report is not None, f"{name}: a direct run writes its report",
                       proc.stderr.decode(errors="replace")[-1000:]):
             continue
+        version = report.get("allocator", {}).get("version")
+        tap.ok(version and a.get("version") == version and f"{name} {version}" in p.stdout,
+               f"{name}: named with the version the allocator gives its report ({version}), "
+               "in the JSON and the table", f"compare says {a.get('version')}")
         want = total_calls(report)
         calls = [r["calls"] for r in runs]
         tap.ok(all(c == want for c in calls),
