@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -253,7 +254,7 @@ static const struct call runtime_calls[] = {
     { "rt_sigprocmask", SYS_rt_sigprocmask, { 0 } },
 };
 
-static const struct call rusage_call[] = { { "getrusage", SYS_getrusage, { 0 } } };
+static const struct call rusage_call[] = { { "getrusage", SYS_getrusage, { RUSAGE_THREAD } } };
 
 #define CALLS(a) (a), sizeof(a) / sizeof((a)[0])
 
