@@ -13,7 +13,7 @@
 static int base = 3, top = 3;
 __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
 
-void _al_fds_init(void)
+void _al_fds_init(bool grow)
 {
     /* Half way up a small limit, at 512 under a large one: far above what most programs open,
      * without growing the kernel's descriptor table much; the top: just under the limit, or
@@ -28,8 +28,9 @@ void _al_fds_init(void)
      * to tens of them, and the thread waits: grown to the top now, before the program starts
      * threads, no later move up waits (libunwind's pipe at the first sampled allocation cost
      * a worker thread 13 ms, a seventh of a short benchmark's run). The table never shrinks;
-     * a fork copies only its numbers in use. */
-    for (int fd = 0; fd <= 2; fd++) {
+     * a fork copies only its numbers in use. Not under a seccomp filter (GROW false), which
+     * may end the process at fcntl. */
+    for (int fd = 0; grow && fd <= 2; fd++) {
         int high = fcntl(fd, F_DUPFD_CLOEXEC, top);
         if (high >= 0) {
             close(high);

@@ -108,7 +108,9 @@ void _al_process_start(void)
     _al_settings_load(&_al_settings);
     _al_hot.large_threshold = _al_settings.large_threshold;
     set_mode(_al_settings.mode);
-    _al_fds_init();
+    /* Under a seccomp filter from the start, no system call but those the start needs anyway. */
+    bool filtered = _al_proc_status("Seccomp") > 0;
+    _al_fds_init(!filtered);
     _al_sampler_init(&_al_settings);
     /* Why the allocator's system calls, and the events, are not measured (NULL: they are).
      * Started under a seccomp filter (a systemd service's SystemCallFilter, a sandbox), the
@@ -117,7 +119,7 @@ void _al_process_start(void)
     const char *no_syscalls = NULL, *no_events = NULL;
     if (!_al_hot.timed) {
         no_syscalls = no_events = "not measured in --mode sample";
-    } else if (_al_proc_status("Seccomp") > 0) {
+    } else if (filtered) {
         no_syscalls = "not under a seccomp filter, which may refuse the prctl that starts it";
         no_events = "not under a seccomp filter, which may refuse perf_event_open";
     } else {

@@ -346,7 +346,8 @@ bool _al_program_is_go(void);
 
 /* ---- fds.c: our descriptors, above the program's ------------------------------------------- */
 
-void _al_fds_init(void);
+/* Our numbers from RLIMIT_NOFILE; GROW: the kernel's table grown to hold them now. */
+void _al_fds_init(bool grow);
 /* FD moved to AT or above (closed, its close-on-exec copy returned), or FD as it came where
  * there is no room. _al_fd_high: out of the program's way; _al_fd_top: higher still, for
  * libunwind's pipe. */
