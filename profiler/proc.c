@@ -122,26 +122,6 @@ void _al_proc_pagemap_close(int fd)
         close(fd);
 }
 
-size_t _al_proc_pagemap_read(int pagemap, uint64_t first_page, size_t n, uint64_t *entries)
-{
-    ssize_t got = pagemap < 0 ? -1 : pread(pagemap, entries, n * sizeof *entries, (off_t)(first_page * sizeof *entries));
-    return got > 0 ? (size_t)got / sizeof *entries : 0;
-}
-
-void _al_proc_written_pages(int pagemap, const void *p, size_t pages, uint64_t *written)
-{
-    memset(written, 0xff, (pages + 63) / 64 * sizeof *written);
-    uint64_t first = (uintptr_t)p / 4096, entries[128];
-    for (size_t i = 0; i < pages;) {
-        size_t got = _al_proc_pagemap_read(pagemap, first + i, pages - i < 128 ? pages - i : 128, entries);
-        if (!got)
-            return; /* the rest count as written */
-        for (size_t j = 0; j < got; j++, i++)
-            if (!(entries[j] >> 62)) /* neither present (bit 63) nor swapped (bit 62) */
-                written[i / 64] &= ~(1ull << (i % 64));
-    }
-}
-
 bool _al_proc_append(const char *path, struct al_buf *b)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -578,16 +578,10 @@ bool _al_proc_append(const char *path, struct al_buf *b);
 /* The unsigned number at *S in BASE (10 or 16, lower-case digits); *S is left after it. */
 uint64_t _al_proc_num(const char **s, unsigned base);
 /* /proc/self/pagemap, opened for one measurement (a descriptor kept open would go on reading
- * the parent's pages in a forked child), and N entries of it from FIRST_PAGE into ENTRIES:
- * how many it read (0 on failure, or with PAGEMAP < 0). */
+ * the parent's pages in a forked child); read with _al_shadow_pagemap_read and
+ * _al_shadow_written_pages. */
 int _al_proc_pagemap_open(void);
 void _al_proc_pagemap_close(int fd);
-size_t _al_proc_pagemap_read(int pagemap, uint64_t first_page, size_t n, uint64_t *entries);
-/* Which pages of a private anonymous mapping may hold anything but zeros: bit I of WRITTEN
- * ((PAGES + 63) / 64 words) is clear only where the pagemap (/proc/self/pagemap open at
- * PAGEMAP) says page I of [P, P + PAGES * 4096) is neither resident nor swapped out, which in
- * such a mapping means never written. Bits the pagemap cannot tell (PAGEMAP < 0) are set. */
-void _al_proc_written_pages(int pagemap, const void *p, size_t pages, uint64_t *written);
 
 /* ---- heap.c: the allocator's heap ranges and their residency ------------------------------- */
 
@@ -629,10 +623,10 @@ enum { AL_SLOT_OBJECTS, AL_SLOT_REQUESTED, AL_SLOT_INTERNAL, AL_SLOT_BLOWUP, AL_
 #define AL_TABLE_WORDS ((AL_TABLE_PAGES_MAX + 63) / 64)
 
 /* Which pages of a table of ROWS rows of ROW_BYTES may hold rows not zero, into WRITTEN (see
- * _al_proc_written_pages). */
+ * _al_shadow_written_pages). */
 AL_INLINE void _al_table_written(int pagemap, const void *table, uint32_t rows, size_t row_bytes, uint64_t *written)
 {
-    _al_proc_written_pages(pagemap, table, (rows * row_bytes + 4095) / 4096, written);
+    _al_shadow_written_pages(pagemap, table, (rows * row_bytes + 4095) / 4096, written);
 }
 
 /* Whether ROW of a table whose rows are ROW_BYTES long is on a page WRITTEN marks; and marking
@@ -697,7 +691,7 @@ void _al_waste_check(struct al_thread *t);
 void _al_waste_final(void);
 void _al_waste_after_fork_child(void);
 /* Adds every running thread's class rows, and those of the threads that exited, to DST,
- * skipping the pages of their tables never written (PAGEMAP: see _al_proc_written_pages). */
+ * skipping the pages of their tables never written (PAGEMAP: see _al_shadow_written_pages). */
 void _al_threads_sum_classes(int64_t (*dst)[AL_CLS_N], uint32_t nslots, int pagemap);
 
 /* Adds V to *D, writing only if V is not zero. */

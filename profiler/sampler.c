@@ -352,7 +352,7 @@ static void residency(int pagemap, uintptr_t a, uint64_t n, double out[3])
     uint64_t page = 4096, first = a / page, last = (a + n - 1) / page;
     uint64_t entries[512];
     for (uint64_t p = first; p <= last;) {
-        size_t k = _al_proc_pagemap_read(pagemap, p, last - p + 1 < 512 ? last - p + 1 : 512, entries);
+        size_t k = _al_shadow_pagemap_read(pagemap, p, last - p + 1 < 512 ? last - p + 1 : 512, entries);
         if (!k)
             return;
         for (size_t j = 0; j < k; j++, p++) {

@@ -2,7 +2,6 @@
  * each, made on first use) hung off a directory like level 1's. */
 #include <errno.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "shadow.h"
 
@@ -101,21 +100,7 @@ size_t _al_shadow_heap_footprint(void)
 #define REGIONS_PER_PAGE (4096 / sizeof(((struct al_heap_slice *)0)->bits[0]))
 _Static_assert(sizeof(struct al_heap_slice) % 4096 == 0, "a slice is whole pages");
 
-/* Which pages of slice S were ever written (bit i: page i), from the pagemap: present or
- * swapped. A page never written holds no bit, and reading it would map the kernel's zero page
- * there, which mincore counts as resident: the table's footprint would grow by memory it does
- * not use. Without the pagemap every page counts as written. */
-static uint32_t written_pages(int pagemap, const struct al_heap_slice *s)
-{
-    uint64_t e[SLICE_PAGES];
-    ssize_t got = pagemap < 0 ? -1 : pread(pagemap, e, sizeof e, (off_t)((uintptr_t)s / 4096 * sizeof e[0]));
-    if (got != (ssize_t)sizeof e)
-        return UINT32_MAX;
-    uint32_t w = 0;
-    for (unsigned i = 0; i < SLICE_PAGES; i++)
-        w |= (uint32_t)((e[i] >> 62) != 0) << i;
-    return w;
-}
+_Static_assert(SLICE_PAGES <= 64, "a slice's written pages are one word");
 
 void _al_shadow_heap_runs(int pagemap, void (*fn)(uint64_t start, uint64_t end, void *arg), void *arg)
 {
@@ -125,7 +110,11 @@ void _al_shadow_heap_runs(int pagemap, void (*fn)(uint64_t start, uint64_t end, 
         struct al_heap_slice *s = listed_slice(k, &d);
         if (!s)
             continue;
-        uint32_t written = written_pages(pagemap, s);
+        /* Only the pages ever written: a page never written holds no bit, and reading it would
+         * map the kernel's zero page there, which mincore counts as resident (the table's
+         * footprint would grow by memory it does not use). */
+        uint64_t written;
+        _al_shadow_written_pages(pagemap, s, SLICE_PAGES, &written);
         uint64_t base = d << AL_SHADOW_SLICE_SHIFT, run = 0;
         bool in = false;
         for (unsigned r = 0; r < AL_SHADOW_SLICE_ENTRIES; r++) {

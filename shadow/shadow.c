@@ -2,6 +2,7 @@
  * MiB of address space that ever holds an object), what the table costs, and the rare flag
  * changes of a granule byte (sampled, --mode time's large-object mark). */
 #include <errno.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -146,8 +147,26 @@ size_t _al_shadow_resident(const void *p, size_t bytes)
     return total;
 }
 
-/* Region records and heap slices are mostly untouched address space: count what the kernel
- * backs. */
+size_t _al_shadow_pagemap_read(int pagemap, uint64_t first_page, size_t n, uint64_t *entries)
+{
+    ssize_t got = pagemap < 0 ? -1 : pread(pagemap, entries, n * sizeof *entries, (off_t)(first_page * sizeof *entries));
+    return got > 0 ? (size_t)got / sizeof *entries : 0;
+}
+
+void _al_shadow_written_pages(int pagemap, const void *p, size_t pages, uint64_t *written)
+{
+    memset(written, 0xff, (pages + 63) / 64 * sizeof *written);
+    uint64_t first = (uintptr_t)p / 4096, entries[128];
+    for (size_t i = 0; i < pages;) {
+        size_t got = _al_shadow_pagemap_read(pagemap, first + i, pages - i < 128 ? pages - i : 128, entries);
+        if (!got)
+            return; /* the rest count as written */
+        for (size_t j = 0; j < got; j++, i++)
+            if (!(entries[j] >> 62)) /* neither present (bit 63) nor swapped (bit 62) */
+                written[i / 64] &= ~(1ull << (i % 64));
+    }
+}
+
 /* Resident bytes of the N mappings of SIZE bytes made so far, the first MAX of them in LIST
  * (one being installed counts nothing); those past the list count PAST bytes each. */
 static size_t listed_resident(_Atomic(void *) *list, uint64_t n, uint64_t max, size_t size, size_t past)
@@ -160,6 +179,8 @@ static size_t listed_resident(_Atomic(void *) *list, uint64_t n, uint64_t max, s
     return total;
 }
 
+/* Region records and heap slices are mostly untouched address space: count what the kernel
+ * backs. */
 size_t _al_shadow_footprint(void)
 {
     uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);

@@ -95,6 +95,14 @@ size_t _al_shadow_footprint(void);
 size_t _al_shadow_dir_touched(uint64_t slices, size_t bytes);
 /* Bytes of [p, p + bytes) the kernel backs (mincore); all of them if it cannot tell. */
 size_t _al_shadow_resident(const void *p, size_t bytes);
+/* N entries of /proc/self/pagemap (open at PAGEMAP) from FIRST_PAGE into ENTRIES: how many it
+ * read (0 on failure, or with PAGEMAP < 0). */
+size_t _al_shadow_pagemap_read(int pagemap, uint64_t first_page, size_t n, uint64_t *entries);
+/* Which pages of a private anonymous mapping may hold anything but zeros: bit I of WRITTEN
+ * ((PAGES + 63) / 64 words) is clear only where the pagemap says page I of
+ * [P, P + PAGES * 4096) is neither resident nor swapped out, which in such a mapping means
+ * never written. Bits the pagemap cannot tell (PAGEMAP < 0) are set. */
+void _al_shadow_written_pages(int pagemap, const void *p, size_t pages, uint64_t *written);
 size_t _al_shadow_mapped(void);
 
 /* The region record of address A, or NULL where none was made yet (or A is beyond the table). */

@@ -310,27 +310,6 @@ END_TEST
 
 /* Pages of a fresh private mapping are "written" only once written (or swapped out); without
  * a pagemap every page counts as written. */
-START_TEST(proc_written_pages)
-{
-    const size_t pages = 70; /* more than one word of bits */
-    char *m = mmap(NULL, pages * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ck_assert(m != MAP_FAILED);
-    m[1 * 4096] = 1;
-    m[66 * 4096 + 100] = 1;
-    int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    ck_assert_int_ge(pagemap, 0);
-    uint64_t w[2];
-    _al_proc_written_pages(pagemap, m, pages, w);
-    for (size_t i = 0; i < pages; i++)
-        ck_assert_msg(((w[i / 64] >> (i % 64)) & 1) == (i == 1 || i == 66), "page %zu", i);
-    _al_proc_written_pages(-1, m, pages, w);
-    for (size_t i = 0; i < pages; i++)
-        ck_assert((w[i / 64] >> (i % 64)) & 1);
-    close(pagemap);
-    munmap(m, pages * 4096);
-}
-END_TEST
-
 /* fds.c: the kernel's descriptor table grown to the top at start, while no thread shares it
  * (a shared one grows only after an RCU grace period, and the growing thread waits), and no
  * descriptor left behind. */
@@ -568,7 +547,6 @@ int main(void)
     tcase_add_test(tc, rows_roundtrip);
     tcase_add_test(tc, buf_json_escaping);
     tcase_add_test(tc, buf_u64_decimal);
-    tcase_add_test(tc, proc_written_pages);
     tcase_add_test(tc, fds_table_grown_at_start);
     tcase_add_test(tc, seccomp_filter_runs);
     tcase_add_test(tc, seccomp_report_refused);

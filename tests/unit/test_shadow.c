@@ -1,5 +1,6 @@
 /* Unit tests of shadow/: new/reused detection (records and --mode time's marks), object
- * records, page and line entries, heap pages, concurrency, addresses the table does not cover. */
+ * records, page and line entries, heap pages, the pagemap's written pages, concurrency,
+ * addresses the table does not cover. */
 #include <check.h>
 
 #include "check_main.h"
@@ -7,6 +8,7 @@
 #include <stdlib.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "shadow.h"
 
@@ -340,6 +342,28 @@ START_TEST(pages_and_lines)
 }
 END_TEST
 
+/* The pagemap's written pages, which the heap walk and the waste tables read. */
+START_TEST(written_pages)
+{
+    const size_t pages = 70; /* more than one word of bits */
+    char *m = mmap(NULL, pages * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(m != MAP_FAILED);
+    m[1 * 4096] = 1;
+    m[66 * 4096 + 100] = 1;
+    int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge(pagemap, 0);
+    uint64_t w[2];
+    _al_shadow_written_pages(pagemap, m, pages, w);
+    for (size_t i = 0; i < pages; i++)
+        ck_assert_msg(((w[i / 64] >> (i % 64)) & 1) == (i == 1 || i == 66), "page %zu", i);
+    _al_shadow_written_pages(-1, m, pages, w);
+    for (size_t i = 0; i < pages; i++)
+        ck_assert((w[i / 64] >> (i % 64)) & 1);
+    close(pagemap);
+    munmap(m, pages * 4096);
+}
+END_TEST
+
 static uint64_t heap_bytes;
 
 /* The pagemap the walks take (see _al_shadow_heap_runs), opened once. */
@@ -485,6 +509,7 @@ int main(void)
     tcase_add_test(tc, big_object_keeps_its_last_line);
     tcase_add_test(tc, new_big_object_from_pages_back);
     tcase_add_test(tc, line_entries_only_where_shared);
+    tcase_add_test(tc, written_pages);
     tcase_add_test(tc, heap_pages);
     tcase_add_test(tc, heap_footprint);
     tcase_add_test(tc, slice_footprint);
