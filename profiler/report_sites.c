@@ -112,18 +112,8 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
         _al_mem_unmap(r, (n + 1) * sizeof *r);
 }
 
-/* Which peak the sites' live bytes are taken at (see _al_sampler_heap_peak), and when: ns
- * since the process image started (a peak at exit, found while the report is gathered, is
- * the run's end). */
-static const struct {
-    const char *name, *text;
-} peak_sources[] = {
-    [AL_PEAK_NONE] = { "none", "no peak seen" },
-    [AL_PEAK_HEAP] = { "heap", "the heap's peak" },
-    [AL_PEAK_RSS] = { "rss", "the process's RSS peak" },
-    [AL_PEAK_ESTIMATE] = { "estimate", "the sampled estimate's peak" },
-};
-
+/* When the sites' peak was: ns since the process image started (a peak at exit, found while
+ * the report is gathered, is the run's end). */
 static double peak_ns(const struct al_report *r)
 {
     double ns = _al_sampler.peak_time > r->start_tsc ? _al_report_ns(r, (double)(_al_sampler.peak_time - r->start_tsc)) : 0;
@@ -144,7 +134,7 @@ void _al_report_sites_json(struct al_buf *b, const struct al_report *r)
                    "    \"peak_source\": \"%s\", \"peak_time_ns\": %.0f,\n",
                    _al_sampler.rate, (unsigned long long)_al_sampler.seed, _al_sampler.nsites, _al_sampler.peak_bytes,
                    _al_sampler.live_bytes_at_exit, (unsigned long long)_al_sampler.dropped,
-                   peak_sources[_al_sampler.peak_source].name, peak_ns(r));
+                   _al_peak_words(_al_sampler.peak_source)->name, peak_ns(r));
     const char *why = _al_symbols_unavailable();
     _al_buf_puts(b, "    \"symbols\": ");
     _al_buf_json_str(b, _al_symbols_source());
@@ -173,9 +163,9 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
     _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, ",
                    _al_sampler.nsites, _al_sampler.rate, _al_sampler.peak_bytes / 1048576.0);
     if (_al_sampler.peak_source == AL_PEAK_NONE)
-        _al_buf_printf(b, "%s)\n", peak_sources[AL_PEAK_NONE].text);
+        _al_buf_printf(b, "%s)\n", _al_peak_words(AL_PEAK_NONE)->text);
     else
-        _al_buf_printf(b, "at %s, %.3f s)\n", peak_sources[_al_sampler.peak_source].text, peak_ns(rep) / 1e9);
+        _al_buf_printf(b, "at %s, %.3f s)\n", _al_peak_words(_al_sampler.peak_source)->text, peak_ns(rep) / 1e9);
     const char *why = _al_symbols_unavailable();
     if (why)
         _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);

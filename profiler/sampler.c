@@ -466,7 +466,6 @@ static void sampled_event_peak(long rss, uint64_t now)
         measure_residency();
 }
 
-
 /* ---- the slow paths ----------------------------------------------------------------------- */
 
 static void sample_alloc(struct al_thread *t, size_t size, void *p);

@@ -10,8 +10,23 @@
 #define AL_SITES_MAX 4096
 #define AL_SITE_SLOTS 8192            /* hash slots of the site table */
 
-/* What made the sites' peak the peak (see _al_sampler_heap_peak). */
-enum al_peak_source { AL_PEAK_NONE, AL_PEAK_HEAP, AL_PEAK_RSS, AL_PEAK_ESTIMATE };
+/* What made the sites' peak the peak (see _al_sampler_heap_peak): its name in the JSON report
+ * and its words in the text ones, where the CLI's rendering of a saved report finds it by
+ * name. */
+enum al_peak_source { AL_PEAK_NONE, AL_PEAK_HEAP, AL_PEAK_RSS, AL_PEAK_ESTIMATE, AL_PEAK_SOURCES };
+struct al_peak_words {
+    const char *name, *text;
+};
+static inline const struct al_peak_words *_al_peak_words(unsigned source)
+{
+    static const struct al_peak_words w[AL_PEAK_SOURCES] = {
+        [AL_PEAK_NONE] = { "none", "no peak seen" },
+        [AL_PEAK_HEAP] = { "heap", "the heap's peak" },
+        [AL_PEAK_RSS] = { "rss", "the process's RSS peak" },
+        [AL_PEAK_ESTIMATE] = { "estimate", "the sampled estimate's peak" },
+    };
+    return &w[source];
+}
 
 struct al_site {
     uint64_t hash;
@@ -63,10 +78,7 @@ void _al_sampler_thread_init(struct al_thread *t);
 void _al_sampler_collect(void);
 /* Full mode (waste.c): the heap was just measured at HEAP bytes, larger than ever, or about as
  * large at exit (UNLESS_LOWER): what the sites hold now is their peak, unless UNLESS_LOWER and
- * their estimate is lower than at the last one. Without the heap's measure (the other modes)
- * the peak is the process's peak resident size, as the sampled allocation or free that first
- * found it raised saw it (or the report); where getrusage is refused, where the sampled
- * estimate of all live bytes was highest. */
+ * their estimate is lower than at the last one. (The other modes' peak: rss_peak, sampler.c.) */
 void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
 /* The report is about to be gathered: before it maps anything, whether the process's peak RSS
  * rose since the last peak (the other modes). */
