@@ -36,6 +36,11 @@ void _al_exec_resolve(void)
     next.posix_spawnp = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawnp");
 }
 
+const void *_al_exec_real_posix_spawn(void)
+{
+    return (const void *)next.posix_spawn;
+}
+
 static int failed(int rc)
 {
     int saved = errno;

@@ -43,6 +43,7 @@ static inline size_t _al_mul_size(size_t k, size_t n)
 /* exec.c, exit.c, fds.c, seccomp.c, threads.c, locks.c, signals.c: their forwarding targets,
  * resolved with the rest at start-up */
 void _al_exec_resolve(void);
+const void *_al_exec_real_posix_spawn(void); /* the C library's, which exec.c's wrapper calls */
 void _al_fds_resolve(void);
 void _al_seccomp_resolve(void);
 void _al_exit_resolve(void);

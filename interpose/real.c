@@ -140,6 +140,7 @@ static const struct al_process_hooks hooks = {
     .malloc_addr = real_malloc_addr,
     .own_malloc = own_malloc_addr,
     .usable_size = real_usable_size,
+    .posix_spawn_addr = _al_exec_real_posix_spawn,
 };
 
 AL_NOINLINE struct al_thread *_al_enter_slow(void)

@@ -16,6 +16,7 @@ _Atomic int _al_state;
 struct al_settings _al_settings;
 struct al_allocator_info _al_allocator;
 al_usable_size_fn *_al_usable_size;
+const void *_al_real_posix_spawn;
 
 static __thread int initializing_here __attribute__((tls_model("initial-exec")));
 static const struct al_process_hooks *hooks;
@@ -54,6 +55,7 @@ void _al_process_init(const struct al_process_hooks *h)
         abort();
     }
     _al_usable_size = h->usable_size();
+    _al_real_posix_spawn = h->posix_spawn_addr();
     if (_al_shadow_init() < 0)
         _al_log("cannot reserve the shadow table: every address is reported as new");
     _al_threads_init();

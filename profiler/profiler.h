@@ -1006,11 +1006,15 @@ struct al_process_hooks {
     const void *(*malloc_addr)(void);  /* the real malloc */
     const void *(*own_malloc)(void);   /* our exported malloc */
     al_usable_size_fn *(*usable_size)(void); /* the allocator's malloc_usable_size, or NULL */
+    const void *(*posix_spawn_addr)(void); /* the C library's posix_spawn, or NULL */
 };
 
 /* The allocator's malloc_usable_size (ours, first in the global scope, only forwards to it),
  * resolved with the rest at start-up; NULL if it has none. */
 extern al_usable_size_fn *_al_usable_size;
+/* The C library's posix_spawn, resolved likewise (ours checks whether LD_PRELOAD reaches the
+ * program's children), or NULL: what starts the symbolizer helper. */
+extern const void *_al_real_posix_spawn;
 
 void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */

@@ -8,8 +8,9 @@
  * its environment; input and output are memory files, so a helper that dies early raises no
  * SIGPIPE here. Its exit raises SIGCHLD (exec gives every child that exit signal), so it is not
  * run in a program that handles SIGCHLD: that handler would see a child the program never
- * made; nor once the program has installed a seccomp filter. Where it cannot run, and for the frames it did not see, names come from the dynamic
- * symbol table through dladdr, which costs nothing. */
+ * made; nor once the program has installed a seccomp filter. Where it cannot run, and for the
+ * frames it did not see, names come from the dynamic symbol table through dladdr, which costs
+ * nothing. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -138,10 +139,8 @@ static bool ended_in_time(pid_t pid)
  * program's children. */
 static int run_helper(const char *path, int in, int out)
 {
-    static int (*spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
-                        char *const[], char *const[]);
-    if (!spawn)
-        spawn = (__typeof__(spawn))dlsym(RTLD_NEXT, "posix_spawn");
+    int (*spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+                 char *const[], char *const[]) = (__typeof__(spawn))_al_real_posix_spawn;
     size_t env_bytes;
     char **env = helper_env(&env_bytes);
     if (!env) {
