@@ -110,7 +110,8 @@ void _al_process_start(void)
     _al_settings_load(&_al_settings);
     _al_hot.large_threshold = _al_settings.large_threshold;
     set_mode(_al_settings.mode);
-    /* Under a seccomp filter from the start, no system call but those the start needs anyway. */
+    /* Under a seccomp filter from the start, the descriptor table is not grown (the filter may
+     * end the process at fcntl). */
     bool filtered = _al_proc_status("Seccomp") > 0;
     _al_fds_init(!filtered);
     _al_sampler_init(&_al_settings);

@@ -174,16 +174,14 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
      * for many sites (an interpreter's object allocator, a container's growth). */
     char text[1024];
     for (uint32_t i = 0; r && i < n && i < 10; i++) {
-        size_t at = 0;
-        text[0] = '\0';
-        for (unsigned k = 0; k < r[i]->nframes && k < 3 && at + 3 < sizeof text; k++) {
-            if (k)
-                at += (size_t)snprintf(text + at, sizeof text - at, " < ");
-            frame_text(text + at, sizeof text - at, r[i]->frames[k]);
-            at += strlen(text + at);
+        frame_text(text, sizeof text, r[i]->nframes ? r[i]->frames[0] : 0);
+        for (unsigned k = 1; k < r[i]->nframes && k < 3; k++) {
+            size_t at = strlen(text);
+            if (at + 4 >= sizeof text)
+                break;
+            memcpy(text + at, " < ", 4);
+            frame_text(text + at + 3, sizeof text - at - 3, r[i]->frames[k]);
         }
-        if (!r[i]->nframes)
-            frame_text(text, sizeof text, 0);
         _al_buf_printf(b, "%12.0f %12.0f %11.0f  %s\n", r[i]->peak_live_bytes, r[i]->alloc_bytes, r[i]->frag_bytes, text);
     }
     if (r)
