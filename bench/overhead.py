@@ -314,7 +314,7 @@ def add_memory(row, mem):
     report has it: wait4's ru_maxrss also holds the symbolizer helper the process runs then
     (tens of MiB where libc's debug information is installed), which is not the program's."""
     reps = [m for m in mem["report"] if m is not None]
-    mem["profiled"] = [m[2] if m and m[2] else k for k, m in zip(mem["profiled"], mem["report"])]
+    mem["profiled"] = [(m and m[2]) or k for k, m in zip(mem["profiled"], mem["report"])]
     plain = [k for k in mem["plain"] if k is not None]
     prof = [k for k in mem["profiled"] if k is not None]
     row["plain_rss_runs"], row["profiled_rss_runs"] = mem["plain"], mem["profiled"]
@@ -394,7 +394,7 @@ def bench_malloc(b, name, path, threads, ops):
     row["calls"] = calls
     if add_medians(row, p, q, 1e6):
         par = min(threads, b.ncpus)
-        row["added_ns"] = (statistics.median(q) - statistics.median(p)) * par / calls
+        row["added_ns"] = (row["profiled"] - row["plain"]) * 1e6 * par / calls
         set_targets(row, b.target_ratio_malloc, b.target_ns)
         seen = [c for c in counted if c is not None]
         if seen and min(seen) < calls:
@@ -666,6 +666,9 @@ def print_memory(rows, header):
     def pct(v, base):
         return f"{100.0 * v / base:.1f}%" if v is not None and base else "-"
 
+    def verdict(v, base):
+        return "ok" if 100.0 * v / base <= TARGET_SHADOW_PCT else "MISSED"
+
     table = []
     for r in rows:
         plain = r["plain_rss_kib"] * 1024 if "plain_rss_kib" in r else None
@@ -674,10 +677,8 @@ def print_memory(rows, header):
         added = prof - plain if prof is not None and plain else None
         target = "-"
         if shadow is not None and plain:
-            def verdict(v):
-                return "ok" if 100.0 * v / plain <= TARGET_SHADOW_PCT else "MISSED"
-            target = f"<={TARGET_SHADOW_PCT:g}%  {verdict(shadow)}" + \
-                (f"; {verdict(added)}" if added is not None else "")
+            target = f"<={TARGET_SHADOW_PCT:g}%  {verdict(shadow, plain)}" + \
+                (f"; {verdict(added, plain)}" if added is not None else "")
         table.append([r["allocator"], r["workload"], mib(plain),
                       mib(prof) if prof is not None or not r.get("error") else "failed",
                       mib(shadow), pct(shadow, plain), mib(added), pct(added, plain), target])

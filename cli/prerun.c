@@ -31,6 +31,12 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The cache file for the allocator library LIB, where this user's environment puts caches. */
+static int cache_path(const char *lib, char *out, size_t cap)
+{
+    return _al_config_cache_path(lib, getenv("XDG_CACHE_HOME"), getenv("HOME"), out, cap);
+}
+
 int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, size_t cap)
 {
     char err[1024];
@@ -42,7 +48,7 @@ int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, s
         }
         fprintf(stderr, "alloclens: %s; probing the allocator instead\n", err);
     }
-    if (_al_config_cache_path(alloc->path, getenv("XDG_CACHE_HOME"), getenv("HOME"), path, cap) < 0) {
+    if (cache_path(alloc->path, path, cap) < 0) {
         fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); running without a config\n");
         return -1;
     }
@@ -95,7 +101,7 @@ int _al_cli_cmd_prerun(int argc, char **argv)
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0 || probe_exe(exe, sizeof exe) < 0)
         return 2;
     if (!out) {
-        if (_al_config_cache_path(alloc.path, getenv("XDG_CACHE_HOME"), getenv("HOME"), path, sizeof path) < 0) {
+        if (cache_path(alloc.path, path, sizeof path) < 0) {
             fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); give -o FILE\n");
             return 2;
         }

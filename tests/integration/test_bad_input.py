@@ -563,8 +563,9 @@ def test_configs(tap):
 
 def main():
     global SO, LEAF, FORK, NOT_ALLOC, EXEC, OWN_MALLOC, STATIC, CACHE
-    SO, LEAF, FORK, NOT_ALLOC, EXEC, OWN_MALLOC = sys.argv[1:7]
-    STATIC = sys.argv[7] if len(sys.argv) > 7 else None
+    SO = altest.so()
+    LEAF, FORK, NOT_ALLOC, EXEC, OWN_MALLOC = sys.argv[1:6]
+    STATIC = sys.argv[6] if len(sys.argv) > 6 else None
     CACHE = tmpdir()
     tap = altest.Tap()
     # The first run under glibc probes it and says so on stderr; do it once here, so that the

@@ -11,9 +11,10 @@ import subprocess
 import sys
 import tempfile
 
+import altest
 from altest import Tap
 
-so, entries = sys.argv[1], sys.argv[2]
+so, entries = altest.so(), sys.argv[1]
 tap = Tap()
 expected = set()
 with open(entries) as f:

@@ -440,8 +440,8 @@ def check_signal_in_allocator(tap, shim, leaf):
 
 def main():
     global SO
-    SO, plugin, shim = sys.argv[1], sys.argv[2], sys.argv[3]
-    progs = {os.path.basename(p): p for p in sys.argv[4:]}
+    SO, plugin, shim = altest.so(), sys.argv[1], sys.argv[2]
+    progs = {os.path.basename(p): p for p in sys.argv[3:]}
     tap = altest.Tap()
     allocs = altest.allocators()
     if "glibc" in allocs:

@@ -323,7 +323,7 @@ def check_symbols(tap, prog, tmp, reports, label):
            "frames are named from debug information", f"{sites.get('symbols')}: {sites.get('symbols_reason')}")
     tap.ok(any(src in f for row in sites["top"] for f in row["stack"]),
            f"the stacks give {src}LINE", show_rows(first))
-    with open(os.path.join(tmp, f"{label}-{seed}.txt".replace(" ", "_"))) as f:
+    with open(os.path.join(tmp, run_name(label, seed) + ".txt")) as f:
         text = f.read().splitlines()
     at = next((i for i, l in enumerate(text) if l.split()[:1] == ["live@peak"]), None)
     lines = text[at + 1:at + 1 + len(sites["top"][:10])] if at is not None else []
@@ -332,9 +332,8 @@ def check_symbols(tap, prog, tmp, reports, label):
                l.split(None, 3)[3:] == [w] for l, w in zip(lines, want)),
            "text: each top site with its three innermost frames, as in the JSON",
            "\n".join(text[at or 0:(at or 0) + 12]) + "\nwant:\n" + "\n".join(want))
-    lib = next((os.path.join(d, "liballoclens.so") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":")
-                if d and os.path.exists(os.path.join(d, "liballoclens.so"))), None)
-    if not tap.ok(lib is not None, "liballoclens.so found through LD_LIBRARY_PATH (meson sets it)"):
+    lib = altest.so()
+    if not tap.ok(os.path.exists(lib), "liballoclens.so under test found (meson passes it)", lib):
         return
     alone = os.path.join(tmp, "alone")
     os.makedirs(alone, exist_ok=True)
@@ -365,13 +364,18 @@ def show_rows(report, limit=12):
     return "\n".join(out)
 
 
+def run_name(label, seed):
+    """The name of a series' run: its report is NAME.json, its text NAME.txt (altest.run)."""
+    return f"{label}-{seed}".replace(" ", "_")
+
+
 def run_series(tap, label, prog, args, rate, tmp, extra=()):
     """20 seeds of PROG ARGS at RATE (None: the default), with the alloclens options EXTRA.
     Returns ({seed: report}, truth) or (None, None) when the runs fail."""
     extra = (*(() if rate is None else ("--sample-rate", str(rate))), *extra)
     reports, truth, whys = {}, None, []
     for seed in SEEDS:
-        proc, report, tr, why = run([prog, *args], tmp, f"{label}-{seed}".replace(" ", "_"),
+        proc, report, tr, why = run([prog, *args], tmp, run_name(label, seed),
                                     extra=(*extra, "--seed", str(seed)))
         if why:
             whys.append(f"seed {seed}: {why}")

@@ -1,7 +1,8 @@
 /* Unit tests of profiler/: histogram buckets and quantiles, timed calls with no memory for
  * their histogram, the TSC's cost and rate, the options parser and settings (garbage values
  * warned about and defaulted), row indexing, the report buffer's JSON escaping, our descriptors'
- * table. */
+ * table, the seccomp filter interpreter and what a filter refuses, the heap's residency after
+ * an unmap alloclens did not see, file capabilities and LD_PRELOAD's reach. */
 #include <check.h>
 
 #include "check_main.h"
@@ -525,7 +526,8 @@ START_TEST(reach_file_capabilities)
         ck_assert_ptr_null(_al_preload_unreachable(path, false)); /* root */
         ck_assert_int_eq(removexattr(path, "security.capability"), 0);
     }
-    ck_assert_str_eq(geteuid() == 0 ? reach_as(nobody, path) : "", ""); /* no capabilities */
+    if (geteuid() == 0)
+        ck_assert_str_eq(reach_as(nobody, path), ""); /* no capabilities */
     unlink(path);
     rmdir(dir);
 }

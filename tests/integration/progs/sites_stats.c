@@ -143,9 +143,11 @@ NOINL static void site_small_objects(unsigned long n)
     }
 }
 
+#define CHURN_PER_BATCH 160
+
 NOINL static void site_churn_batches(unsigned long batches, unsigned long per_batch)
 {
-    static void *batch[160];
+    static void *batch[CHURN_PER_BATCH];
     for (unsigned long b = 0; b < batches; b++) {
         for (unsigned long i = 0; i < per_batch; i++) {
             batch[i] = malloc(64 * KiB);
@@ -198,7 +200,7 @@ int main(int argc, char **argv)
     struct truth *small = truth("site_small_objects"), *huge = truth("site_huge_objects");
     struct truth *batches = truth("site_churn_batches");
     const unsigned long nmedium = 16384, mixed_rounds = 16384, huge_every = 1024;
-    const unsigned long nbatches = 20, per_batch = 160;
+    const unsigned long nbatches = 20, per_batch = CHURN_PER_BATCH;
 
     if (churn) {
         site_churn_batches(nbatches, per_batch);
