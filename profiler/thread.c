@@ -208,7 +208,8 @@ struct al_thread *_al_thread_attach(void)
     }
     t->busy = 1;
     t->ending_signal = 0; /* a state copied into a fork child may hold its thread's */
-    t->region = (struct al_shadow_cache){ .key = AL_SHADOW_NO_KEY };
+    for (unsigned i = 0; i < AL_SHADOW_CACHE_WAYS; i++)
+        t->region.e[i].key = AL_SHADOW_NO_KEY;
     _al_sampler_thread_init(t);
     _al_waste_thread_init(t);
     _al_thread_measure_init(t);

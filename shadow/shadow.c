@@ -106,8 +106,8 @@ __attribute__((noinline)) struct al_shadow_region *_al_shadow_region_fill(struct
 {
     struct al_shadow_region *r = create ? _al_shadow_region_get(a) : _al_shadow_region(a);
     if (r) {
-        c->key = a >> AL_SHADOW_REGION_SHIFT;
-        c->r = r;
+        uint64_t key = a >> AL_SHADOW_REGION_SHIFT;
+        c->e[key % AL_SHADOW_CACHE_WAYS] = (struct al_shadow_cache_entry){ .key = key, .r = r };
     }
     return r;
 }
