@@ -139,7 +139,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        if (AL_LIKELY(_al_hot.timed))                                                  \
+        /* No hint: --mode sample's path runs straight on, the timed modes jump. */    \
+        if (_al_hot.timed)                                                             \
             return timed_##sym(t, AL_STRIP(args));                                     \
         if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
             return sampled_##sym(t, AL_STRIP(args));                                   \
@@ -247,12 +248,13 @@ static inline void al_busy_cleanup(struct al_thread **t)
             slow_##sym args;                                                           \
             return;                                                                    \
         }                                                                              \
-        if (AL_LIKELY(_al_hot.timed)) {                                                \
+        if (_al_hot.timed) {                                                           \
             timed_##sym(t, AL_STRIP(args));                                            \
             return;                                                                    \
         }                                                                              \
-        /* --mode sample: a page that holds a sampled object takes the busy path. */   \
-        if (AL_UNLIKELY(p && _al_sample_page_maybe(p))) {                              \
+        /* --mode sample: a page that holds a sampled object takes the busy path (so   \
+         * may free(NULL), when page 0's bucket is set: that path takes NULL too). */  \
+        if (AL_UNLIKELY(_al_sample_page_maybe(p))) {                                   \
             counted_##sym(t, AL_STRIP(args));                                          \
             return;                                                                    \
         }                                                                              \

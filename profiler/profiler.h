@@ -109,12 +109,14 @@ AL_INLINE uint64_t _al_fib_hash(uint64_t x, unsigned bits)
     return (x * 0x9e3779b97f4a7c15ull) >> (64 - bits);
 }
 
-/* Buckets of the hashed pages in _al_hot.sample_pages. */
+/* Buckets of _al_hot.sample_pages: a page's number modulo AL_SAMPLE_PAGES, so the pages of
+ * any 16 MiB of heap each have a bucket of their own, and a free finds its bit with two shifts
+ * and a mask (a multiplicative hash cost it two more instructions). */
 #define AL_SAMPLE_PAGES 4096
 
 AL_INLINE unsigned _al_sample_page(const void *p)
 {
-    return (unsigned)_al_fib_hash((uint64_t)(uintptr_t)p >> 12, 12);
+    return (unsigned)((uintptr_t)p >> 12) & (AL_SAMPLE_PAGES - 1);
 }
 
 /* The globals every allocation call reads, on one page of their own (record.c). Beyond its
@@ -130,7 +132,7 @@ struct al_hot {
      * object has a record (--mode full). --mode sample only counts calls and samples
      * allocation sites. */
     bool timed, records;
-    _Atomic int live_threads;
+    _Atomic bool parallel; /* more than one thread is live: the phase of a call (thread.c) */
     uint64_t large_threshold;
     uint64_t tsc_overhead; /* cycles a back-to-back rdtsc pair reports: what every timed call
                               over-counts (measured at start-up) */
@@ -781,7 +783,7 @@ AL_INLINE void _al_record_row(struct al_thread *t, unsigned row, uint64_t cycles
 
 AL_INLINE unsigned _al_phase_now(void)
 {
-    return atomic_load_explicit(&_al_hot.live_threads, memory_order_relaxed) > 1;
+    return atomic_load_explicit(&_al_hot.parallel, memory_order_relaxed);
 }
 
 /* Around the real allocator call: what the SIGSYS handler and the lock wrappers need to know

@@ -5,7 +5,7 @@
 #include "profiler.h"
 
 struct al_hot _al_hot __attribute__((aligned(4096))) = {
-    .timed = true, .records = true, .live_threads = 1, .large_threshold = 131072,
+    .timed = true, .records = true, .large_threshold = 131072,
 };
 enum al_mode _al_mode = AL_MODE_FULL;
 struct al_first_call _al_first;

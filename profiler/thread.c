@@ -31,10 +31,11 @@ static struct {
     uint64_t *hist;                /* exited threads */
     uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row, NULL while the row is empty */
     struct al_measure_totals extra; /* exited threads */
+    int live_threads;              /* started through our pthread_create, and the first */
     uint64_t total, max_live;
     uint64_t phase_since;
     uint64_t serial_cycles, parallel_cycles;
-} reg = { .total = 1, .max_live = 1 };
+} reg = { .live_threads = 1, .total = 1, .max_live = 1 };
 
 static void lock(void)
 {
@@ -131,6 +132,18 @@ static void phase_account(int live_before)
     reg.phase_since = now;
 }
 
+/* The live-thread count changes by D (registry lock held): the time so far goes to the phase
+ * it ends, and the phase every call reads (a byte of _al_hot) follows. Returns the count
+ * before. */
+static int live_threads_add(int d)
+{
+    int before = reg.live_threads;
+    reg.live_threads = before + d;
+    atomic_store_explicit(&_al_hot.parallel, reg.live_threads > 1, memory_order_relaxed);
+    phase_account(before);
+    return before;
+}
+
 /* Set once this thread's exit callback ran: calls it still makes (later destructors, and the
  * free of the callback's own list entry) get a state that is not registered again, or the
  * C library's loop over exit callbacks would never end. That state is kept, uncycled. */
@@ -165,10 +178,8 @@ static void thread_exit(void *arg)
             break;
         }
     }
-    if (t->spawned) {
-        int before = atomic_fetch_sub_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
-        phase_account(before);
-    }
+    if (t->spawned)
+        live_threads_add(-1);
     clear_state(t, false);
     if (reusable) {
         t->next = reg.spare;
@@ -228,8 +239,7 @@ struct al_thread *_al_thread_attach(void)
 void _al_thread_spawning(void)
 {
     lock();
-    int before = atomic_fetch_add_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
-    phase_account(before);
+    int before = live_threads_add(1);
     reg.total++;
     if ((uint64_t)before + 1 > reg.max_live)
         reg.max_live = (uint64_t)before + 1;
@@ -239,8 +249,7 @@ void _al_thread_spawning(void)
 void _al_thread_spawn_failed(void)
 {
     lock();
-    int before = atomic_fetch_sub_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
-    phase_account(before);
+    live_threads_add(-1);
     reg.total--;
     unlock();
 }
@@ -288,7 +297,8 @@ void _al_threads_after_fork_child(void)
     memset(reg.hist_rows, 0, sizeof reg.hist_rows);
     if (reg.hist)
         madvise(reg.hist, HIST_BYTES, MADV_DONTNEED);
-    atomic_store_explicit(&_al_hot.live_threads, 1, memory_order_relaxed);
+    reg.live_threads = 1;
+    atomic_store_explicit(&_al_hot.parallel, false, memory_order_relaxed);
     reg.total = reg.max_live = 1;
     reg.serial_cycles = reg.parallel_cycles = 0;
     reg.phase_since = _al_tsc();
@@ -309,8 +319,7 @@ void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_t
     for (unsigned i = 0; hist && i < AL_ROWS; i++)
         for (unsigned b = 0; rows[i].count && b < AL_HIST_BUCKETS; b++)
             rows[i].timed += hist[(size_t)i * AL_HIST_BUCKETS + b];
-    int live = atomic_load_explicit(&_al_hot.live_threads, memory_order_relaxed);
-    phase_account(live);
+    phase_account(reg.live_threads);
     tot->total = reg.total;
     tot->max_live = reg.max_live;
     tot->serial_cycles = reg.serial_cycles;
