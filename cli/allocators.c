@@ -1,5 +1,6 @@
 /* Finding allocators on this machine: glibc is the C library this command itself runs on;
  * the others are looked up by their Debian sonames in the library directories. */
+#include <dirent.h>
 #include <elf.h>
 #include <fcntl.h>
 #include <gnu/libc-version.h>
@@ -175,11 +176,104 @@ int _al_cli_resolve_allocator(const char *arg, struct al_found_allocator *ret)
     return -1;
 }
 
+/* Whether dpkg's file list LIST names one of the N paths in WANT. */
+static bool list_names(const char *list, const char *const *want, int n)
+{
+    FILE *f = fopen(list, "re");
+    if (!f)
+        return false;
+    char line[PATH_MAX + 2];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        for (int i = 0; i < n && !found; i++)
+            found = strcmp(line, want[i]) == 0;
+    }
+    fclose(f);
+    return found;
+}
+
+/* The Version: of package PKG (as dpkg's file lists name it: "libjemalloc2:amd64") in dpkg's
+ * status file, into OUT; false if it is not there. */
+static bool status_version(const char *pkg, char *out, size_t cap)
+{
+    FILE *f = fopen("/var/lib/dpkg/status", "re");
+    if (!f)
+        return false;
+    size_t name_len = strcspn(pkg, ":");
+    const char *arch = pkg[name_len] ? pkg + name_len + 1 : NULL;
+    char line[1024];
+    bool in_pkg = false, arch_ok = arch == NULL, found = false;
+    char version[256] = "";
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '\0') { /* end of a paragraph */
+            if ((found = in_pkg && arch_ok && version[0]))
+                break;
+            in_pkg = false, arch_ok = arch == NULL, version[0] = '\0';
+        } else if (strncmp(line, "Package: ", 9) == 0) {
+            in_pkg = strlen(line + 9) == name_len && strncmp(line + 9, pkg, name_len) == 0;
+        } else if (arch && strncmp(line, "Architecture: ", 14) == 0) {
+            arch_ok = strcmp(line + 14, arch) == 0;
+        } else if (strncmp(line, "Version: ", 9) == 0) {
+            snprintf(version, sizeof version, "%.*s", (int)sizeof version - 1, line + 9);
+        }
+    }
+    found = found || (in_pkg && arch_ok && version[0]); /* the last paragraph */
+    fclose(f);
+    if (found)
+        snprintf(out, cap, "%s", version);
+    return found;
+}
+
+/* The version of the Debian package that installed PATH, into OUT; false where dpkg does not
+ * know the file. dpkg lists a file under the name the package gave it, which since /usr was
+ * merged may be /usr/lib/... for a /lib/... we found, or the other way round: all are tried,
+ * and the file's real path. Read only for the listing: a scan of every package's file list. */
+static bool package_version(const char *path, char *out, size_t cap)
+{
+    char real[PATH_MAX], with_usr[PATH_MAX + 4];
+    const char *want[4] = { path };
+    int n = 1;
+    if (realpath(path, real) && strcmp(real, path) != 0)
+        want[n++] = real;
+    for (int i = 0, m = n; i < m; i++) {
+        if (strncmp(want[i], "/usr/", 5) == 0) {
+            want[n++] = want[i] + 4;
+        } else if (i == 0) {
+            snprintf(with_usr, sizeof with_usr, "/usr%s", want[i]);
+            want[n++] = with_usr;
+        }
+    }
+    DIR *d = opendir("/var/lib/dpkg/info");
+    if (!d)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".list") != 0)
+            continue;
+        char list[PATH_MAX];
+        snprintf(list, sizeof list, "/var/lib/dpkg/info/%s", e->d_name);
+        if (list_names(list, want, n)) {
+            char pkg[sizeof e->d_name];
+            snprintf(pkg, sizeof pkg, "%.*s", (int)(len - 5), e->d_name);
+            found = status_version(pkg, out, cap);
+        }
+    }
+    closedir(d);
+    return found;
+}
+
 int _al_cli_cmd_allocators(int argc, char **argv)
 {
     if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: alloclens allocators\n\nLists the allocators found on this machine, one a line:\n"
-               "NAME<TAB>PATH<TAB>VERSION. Any of the names, or a library path, is a valid -a.\n");
+               "NAME<TAB>PATH<TAB>VERSION. Any of the names, or a library path, is a valid -a.\n"
+               "VERSION is the C library's own for glibc; for the others, that of the Debian\n"
+               "package that installed the library (dpkg's database), else the suffix of its\n"
+               "file name.\n");
         return 0;
     }
     if (argc > 1) {
@@ -188,7 +282,10 @@ int _al_cli_cmd_allocators(int argc, char **argv)
     }
     struct al_found_allocator found[AL_MAX_ALLOCATORS];
     int n = _al_cli_find_allocators(found, AL_MAX_ALLOCATORS);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        if (strcmp(found[i].name, "glibc") != 0) /* glibc's version is its own */
+            package_version(found[i].path, found[i].version, sizeof found[i].version);
         printf("%s\t%s\t%s\n", found[i].name, found[i].path, found[i].version);
+    }
     return 0;
 }

@@ -10,10 +10,12 @@ median must be the median of that allocator's runs; the table and the "switching
 must show every allocator. Also: CMD's stdin is /dev/null (a command reading it ends), a run
 that writes no report is named on stderr and gives exit status 1, and bad arguments get one
 line on stderr and exit status 2 before anything runs. `alloclens demo` prints a report per
-allocator found and the same table.
+allocator found and the same table. `alloclens allocators` gives each allocator but glibc the
+version of the Debian package that installed it, as dpkg-query tells it.
 """
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,6 +23,27 @@ import sys
 import altest
 
 RUNS = 2
+
+
+def listed_versions():
+    """{name: version} as `alloclens allocators` lists them."""
+    out = subprocess.run([altest.cli(), "allocators"], check=True, capture_output=True,
+                         text=True).stdout
+    return {f[0]: f[2] for f in (l.split("\t") for l in out.splitlines()) if len(f) == 3}
+
+
+def package_version(path):
+    """The version of the package dpkg says installed PATH (under its /usr-merged names too),
+    or None."""
+    real = os.path.realpath(path)
+    for p in dict.fromkeys((path, real, "/usr" + path, real.removeprefix("/usr"))):
+        s = subprocess.run(["dpkg-query", "-S", p], capture_output=True, text=True)
+        if s.returncode == 0:
+            pkg = s.stdout.split(": ")[0].split(", ")[0]
+            v = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", pkg],
+                               capture_output=True, text=True)
+            return v.stdout if v.returncode == 0 else None
+    return None
 
 
 def compare(args, tmp, timeout=300):
@@ -41,6 +64,15 @@ def main():
     every = [a for a in ("glibc", "jemalloc", "tcmalloc", "mimalloc") if a in found]
     names = every[:3]
     tap.ok(names, "alloclens allocators finds allocators", "none found")
+    listed = listed_versions()
+    for a in every[1:]:
+        want = package_version(found[a]) if shutil.which("dpkg-query") else None
+        if want is None:
+            tap.skip(f"{a}: alloclens allocators gives its package's version",
+                     f"no dpkg, or dpkg does not know {found[a]}")
+            continue
+        tap.ok(listed.get(a) == want, f"{a}: alloclens allocators gives its package's version "
+               f"({want})", f"listed {listed.get(a)!r}")
     tmp = altest.tmpdir()
     for a in names:
         altest.prime(a)
