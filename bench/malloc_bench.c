@@ -1,6 +1,7 @@
 /* malloc_bench: a malloc-heavy multithreaded workload that counts its own calls.
  *
- *   malloc_bench [THREADS [OPS_PER_THREAD [SEED]]]      defaults: 4 threads, 1500000 ops, seed 42
+ *   malloc_bench [--direct LIB] [THREADS [OPS_PER_THREAD [SEED]]]
+ *                                                     defaults: 4 threads, 1500000 ops, seed 42
  *
  * Each thread runs OPS_PER_THREAD steps over two rings of live objects: a small hot ring (short
  * lifetimes, most steps) and a larger warm ring (longer lifetimes), so frees and allocations
@@ -19,9 +20,21 @@
  * stdout, one line of key=value fields (for scripts, e.g. bench/overhead.py):
  *   calls=N malloc=N calloc=N realloc=N free=N threads=T ops_per_thread=N seed=S elapsed_ns=N
  * calls is malloc+calloc+realloc+free made by the workload itself (not by libc or the runtime);
- * elapsed_ns is CLOCK_MONOTONIC from the moment all threads are created and released to the
- * moment the last one is joined (thread start-up and process start/exit are not included).
+ * elapsed_ns is CLOCK_MONOTONIC from the moment the first thread starts its steps (all are
+ * created and released together) to the moment the last one has freed its last object, as the
+ * threads read it (thread start-up and exit, and process start and exit, are not included).
  * stderr: one human-readable summary line (this program doubles as `alloclens demo`).
+ *
+ * --direct LIB (an allocator library the process has loaded already: libc.so.6, or the one
+ * preloaded) runs the steps in AB_ROUNDS rounds taking turns, A B B A A B...: A through the
+ * program's symbols (alloclens, where it is preloaded), B through LIB's own functions, past
+ * it. A round starts with empty rings and ends with every object of the round freed by the
+ * functions that made it, so the two kinds never meet. stdout adds
+ *   symbols_calls=N symbols_ns=N direct_ns=N ab_ratio=R
+ * the calls made through the symbols (all that alloclens sees), the summed round times of each
+ * kind and the median over adjacent pairs of rounds of symbols/direct: what an interposer costs this workload, measured in one process, so that the
+ * machine's speed, which drifts between runs, changes both alike. The calls of B rounds are
+ * the program's too (in calls=...), but alloclens does not see them.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -33,6 +46,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "direct.h"
+
 #define HOT_SLOTS 64u           /* short-lived objects: most steps land here */
 #define WARM_SLOTS 4096u        /* longer-lived objects */
 #define HOT_SHARE 80u           /* percent of steps on the hot ring */
@@ -42,6 +57,7 @@
 #define QUEUE_CAP 1024u         /* handoff queue capacity (power of two) */
 #define DRAIN_EVERY 64u         /* steps between checks of the incoming handoff queue */
 #define MAX_THREADS 1024
+#define AB_ROUNDS 20            /* --direct: rounds of each kind */
 
 /* splitmix64: tiny, fast, good enough, and the same everywhere. */
 static inline uint64_t rng_next(uint64_t *s)
@@ -87,10 +103,18 @@ struct queue {
 
 struct counts {
     uint64_t malloc_n, calloc_n, realloc_n, free_n, handed, received;
+    uint64_t symbols_calls; /* the calls made in rounds through the program's symbols */
 };
+
+static uint64_t calls_of(const struct counts *c)
+{
+    return c->malloc_n + c->calloc_n + c->realloc_n + c->free_n;
+}
 
 struct worker {
     _Alignas(64) struct counts c;
+    const struct bench_fns *f; /* the functions this round calls */
+    uint64_t started, ended;   /* this round's, CLOCK_MONOTONIC */
     unsigned idx;
     uint64_t ops;
     uint64_t seed;
@@ -103,6 +127,16 @@ struct worker {
 
 static pthread_barrier_t start_barrier;   /* all threads + main: the clock starts after it */
 static pthread_barrier_t drain_barrier;   /* all threads: nobody hands off after it */
+static pthread_barrier_t end_barrier;     /* all threads + main: a round is over (--direct) */
+static const struct bench_fns *round_fns; /* set by main before a round's start */
+static unsigned rounds = 1;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static inline void touch(void *p, size_t n)
 {
@@ -113,7 +147,7 @@ static inline void touch(void *p, size_t n)
 
 static inline void do_free(struct worker *w, void *p)
 {
-    free(p);
+    w->f->free(p);
     w->c.free_n++;
 }
 
@@ -134,10 +168,10 @@ static void *alloc_one(struct worker *w)
     size_t n = pick_size(&w->seed);
     void *p;
     if (rng_below(&w->seed, 100) < CALLOC_SHARE) {
-        p = calloc(1, n);
+        p = w->f->calloc(1, n);
         w->c.calloc_n++;
     } else {
-        p = malloc(n);
+        p = w->f->malloc(n);
         w->c.malloc_n++;
     }
     return ready(p, n, "");
@@ -176,7 +210,7 @@ static void *replace(struct worker *w, void *p)
         size_t n = pick_size(&w->seed);
         if (n > 16384)
             n = 16384;
-        void *q = realloc(p, n);
+        void *q = w->f->realloc(p, n);
         w->c.realloc_n++;
         return ready(q, n, "realloc ");
     }
@@ -191,12 +225,10 @@ static void *replace(struct worker *w, void *p)
     return alloc_one(w);
 }
 
-static void *worker_main(void *arg)
+/* OPS steps of the workload, then every object freed: the thread's last round. */
+static void run_round(struct worker *w, uint64_t ops)
 {
-    struct worker *w = arg;
-    pthread_barrier_wait(&start_barrier);
-
-    for (uint64_t i = 0; i < w->ops; i++) {
+    for (uint64_t i = 0; i < ops; i++) {
         void **slot;
         if (rng_below(&w->seed, 100) < HOT_SHARE)
             slot = &w->hot[rng_below(&w->seed, HOT_SLOTS)];
@@ -217,7 +249,46 @@ static void *worker_main(void *arg)
     for (unsigned i = 0; i < WARM_SLOTS; i++)
         if (w->warm[i])
             do_free(w, w->warm[i]);
+    memset(w->hot, 0, sizeof w->hot);
+    memset(w->warm, 0, sizeof w->warm);
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    for (unsigned r = 0; r < rounds; r++) {
+        pthread_barrier_wait(&start_barrier);
+        w->f = round_fns;
+        uint64_t before = calls_of(&w->c);
+        w->started = now_ns();
+        /* The first rounds take the remainder, so every thread makes exactly OPS steps. */
+        run_round(w, w->ops / rounds + (r < w->ops % rounds));
+        w->ended = now_ns();
+        if (w->f == &bench_symbols)
+            w->c.symbols_calls += calls_of(&w->c) - before;
+        if (rounds > 1)
+            pthread_barrier_wait(&end_barrier);
+    }
     return NULL;
+}
+
+/* A round's time: from the first worker's start to the last one's end, as the workers saw
+ * them. Not main's clock around the barriers: with more threads than CPUs, main may run
+ * only after the workers have done much of the round. */
+static uint64_t round_ns(const struct worker *w, uint64_t threads)
+{
+    uint64_t first = UINT64_MAX, last = 0;
+    for (uint64_t i = 0; i < threads; i++) {
+        first = w[i].started < first ? w[i].started : first;
+        last = w[i].ended > last ? w[i].ended : last;
+    }
+    return last - first;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 static int parse_u64(const char *s, const char *what, uint64_t min, uint64_t max, uint64_t *out)
@@ -234,29 +305,34 @@ static int parse_u64(const char *s, const char *what, uint64_t min, uint64_t max
     return 0;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int main(int argc, char **argv)
 {
     uint64_t threads = 4, ops = 1500000, seed = 42;
+    struct bench_fns direct;
+    const char *lib = NULL;
 
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        printf("usage: %s [THREADS [OPS_PER_THREAD [SEED]]]   (defaults 4 1500000 42)\n"
+        printf("usage: %s [--direct LIB] [THREADS [OPS_PER_THREAD [SEED]]]   (defaults 4 1500000 42)\n"
                "A malloc-heavy multithreaded workload; prints its exact allocation-call counts\n"
-               "and its own work time on stdout, a summary on stderr.\n", argv[0]);
+               "and its own work time on stdout, a summary on stderr. --direct LIB: rounds\n"
+               "through the program's symbols and through LIB's own functions, in turns.\n",
+               argv[0]);
         return 0;
+    }
+    if (argc > 2 && !strcmp(argv[1], "--direct")) {
+        lib = argv[2];
+        argv += 2;
+        argc -= 2;
+        if (bench_direct("malloc_bench", lib, &direct) != 0)
+            return 2;
+        rounds = 2 * AB_ROUNDS;
     }
     if (argc > 4 ||
         (argc > 1 && parse_u64(argv[1], "thread count", 1, MAX_THREADS, &threads)) ||
         (argc > 2 && parse_u64(argv[2], "ops per thread", 0, UINT64_MAX / 4, &ops)) ||
         (argc > 3 && parse_u64(argv[3], "seed", 0, UINT64_MAX, &seed))) {
         if (argc > 4)
-            fprintf(stderr, "usage: %s [THREADS [OPS_PER_THREAD [SEED]]]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--direct LIB] [THREADS [OPS_PER_THREAD [SEED]]]\n", argv[0]);
         return 2;
     }
 
@@ -272,6 +348,7 @@ int main(int argc, char **argv)
     memset(q, 0, threads * sizeof *q);
     pthread_barrier_init(&start_barrier, NULL, (unsigned)threads + 1);
     pthread_barrier_init(&drain_barrier, NULL, (unsigned)threads);
+    pthread_barrier_init(&end_barrier, NULL, (unsigned)threads + 1);
     for (unsigned i = 0; i < threads; i++) {
         w[i].idx = i;
         w[i].ops = ops;
@@ -287,11 +364,33 @@ int main(int argc, char **argv)
         }
     }
 
-    pthread_barrier_wait(&start_barrier);
-    uint64_t t0 = now_ns();
-    for (unsigned i = 0; i < threads; i++)
-        pthread_join(w[i].tid, NULL);
-    uint64_t elapsed = now_ns() - t0;
+    uint64_t elapsed, kind_ns[2] = { 0, 0 };
+    double ratio[AB_ROUNDS];
+    if (rounds == 1) {
+        round_fns = &bench_symbols;
+        pthread_barrier_wait(&start_barrier);
+        for (unsigned i = 0; i < threads; i++)
+            pthread_join(w[i].tid, NULL);
+        elapsed = round_ns(w, threads);
+    } else {
+        /* Pairs of rounds, symbols first in even pairs and second in odd ones (A B B A ...), so
+         * a steady drift of the machine's speed favours neither. */
+        uint64_t pair[2];
+        for (unsigned r = 0; r < rounds; r++) {
+            unsigned kind = (r ^ (r >> 1)) & 1; /* 0: symbols, 1: direct */
+            round_fns = kind ? &direct : &bench_symbols;
+            pthread_barrier_wait(&start_barrier);
+            pthread_barrier_wait(&end_barrier);
+            pair[kind] = round_ns(w, threads);
+            kind_ns[kind] += pair[kind];
+            if (r & 1)
+                ratio[r / 2] = (double)pair[0] / (double)pair[1];
+        }
+        for (unsigned i = 0; i < threads; i++)
+            pthread_join(w[i].tid, NULL);
+        elapsed = kind_ns[0] + kind_ns[1];
+        qsort(ratio, AB_ROUNDS, sizeof *ratio, cmp_double);
+    }
 
     struct counts sum = { 0 };
     for (unsigned i = 0; i < threads; i++) {
@@ -300,8 +399,9 @@ int main(int argc, char **argv)
         sum.realloc_n += w[i].c.realloc_n;
         sum.free_n += w[i].c.free_n;
         sum.handed += w[i].c.handed;
+        sum.symbols_calls += w[i].c.symbols_calls;
     }
-    uint64_t calls = sum.malloc_n + sum.calloc_n + sum.realloc_n + sum.free_n;
+    uint64_t calls = calls_of(&sum);
     if (sum.free_n != sum.malloc_n + sum.calloc_n) {
         fprintf(stderr, "malloc_bench: internal error: %" PRIu64 " frees for %" PRIu64
                 " objects\n", sum.free_n, sum.malloc_n + sum.calloc_n);
@@ -310,9 +410,14 @@ int main(int argc, char **argv)
 
     printf("calls=%" PRIu64 " malloc=%" PRIu64 " calloc=%" PRIu64 " realloc=%" PRIu64
            " free=%" PRIu64 " threads=%" PRIu64 " ops_per_thread=%" PRIu64 " seed=%" PRIu64
-           " elapsed_ns=%" PRIu64 "\n",
+           " elapsed_ns=%" PRIu64,
            calls, sum.malloc_n, sum.calloc_n, sum.realloc_n, sum.free_n, threads, ops, seed,
            elapsed);
+    if (lib)
+        printf(" symbols_calls=%" PRIu64 " symbols_ns=%" PRIu64 " direct_ns=%" PRIu64
+               " ab_ratio=%.4f", sum.symbols_calls, kind_ns[0], kind_ns[1],
+               (ratio[AB_ROUNDS / 2 - 1] + ratio[AB_ROUNDS / 2]) / 2);
+    printf("\n");
     fflush(stdout);
     fprintf(stderr,
             "malloc_bench: %" PRIu64 " thread%s made %" PRIu64 " allocation calls "
@@ -323,6 +428,7 @@ int main(int argc, char **argv)
 
     pthread_barrier_destroy(&start_barrier);
     pthread_barrier_destroy(&drain_barrier);
+    pthread_barrier_destroy(&end_barrier);
     free(q);
     free(w);
     return 0;

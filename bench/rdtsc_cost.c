@@ -21,15 +21,15 @@
  *                        (run plain it is the cost of the PLT's jump, about 0).
  * stdout, one line of key=value fields; stderr, a human-readable line.
  */
-#include <dlfcn.h>
 #include <inttypes.h>
-#include <link.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <x86intrin.h>
+
+#include "direct.h"
 
 static uint64_t now_ns(void)
 {
@@ -74,32 +74,17 @@ __attribute__((noinline)) static double loop_malloc(uint64_t iters)
     return (double)(now_ns() - t0) / (double)iters;
 }
 
-static void *(*direct_malloc)(size_t);
-static void (*direct_free)(void *);
+static struct bench_fns direct;
 
 __attribute__((noinline)) static double loop_direct(uint64_t iters)
 {
     uint64_t t0 = now_ns();
     for (uint64_t i = 0; i < iters; i++) {
-        void *p = direct_malloc(32);
+        void *p = direct.malloc(32);
         __asm__ volatile("" : : "r"(p) : "memory");
-        direct_free(p);
+        direct.free(p);
     }
     return (double)(now_ns() - t0) / (double)iters;
-}
-
-/* SYM as LIB itself defines it (not a definition found in one of its dependencies). */
-static void *own_symbol(void *h, const char *lib, const char *sym)
-{
-    struct link_map *lm;
-    Dl_info info;
-    void *f = dlsym(h, sym);
-    if (!f || dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !dladdr(f, &info) ||
-        (uintptr_t)info.dli_fbase != lm->l_addr) {
-        fprintf(stderr, "rdtsc_cost: %s does not define %s itself\n", lib, sym);
-        return NULL;
-    }
-    return f;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -135,18 +120,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [--direct LIB] [REPS [ITERS]]\n", argv[0]);
         return 2;
     }
-    if (lib) {
-        /* RTLD_NOLOAD: the allocator the process already uses, never a second copy. */
-        void *h = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) {
-            fprintf(stderr, "rdtsc_cost: %s is not loaded in this process\n", lib);
-            return 2;
-        }
-        direct_malloc = (void *(*)(size_t))own_symbol(h, lib, "malloc");
-        direct_free = (void (*)(void *))own_symbol(h, lib, "free");
-        if (!direct_malloc || !direct_free)
-            return 2;
-    }
+    if (lib && bench_direct("rdtsc_cost", lib, &direct) != 0)
+        return 2;
 
     /* The loops take turns, so a slow moment on the machine hits all of them alike. */
     double *v = malloc(5 * reps * sizeof *v);
