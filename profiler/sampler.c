@@ -63,11 +63,12 @@ static struct {
     bool peak_set_current;  /* the live samples are still the peak's: none added or freed since */
     long rss_peak_kib;      /* without the heap's measure: the process's peak RSS at the last peak */
     /* getrusage's peak at start where it is an earlier image's, above this one's (exec keeps
-     * it); 0 where it is not, or once this image's passed it. Below it, VmHWM, at most 1% of
-     * the time: no /proc read before the TSC reaches hwm_next; the last one's answer until. */
+     * it); 0 where it is not, or once this image's passed it. Below it, VmHWM. */
     _Atomic long inherited_kib;
-    _Atomic uint64_t hwm_next;
-    _Atomic long hwm_last;
+    /* The peak is read at most 1% of the time: not before the TSC reaches peak_next; the last
+     * read's answer until. */
+    _Atomic uint64_t peak_next;
+    _Atomic long peak_last;
     uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s;
 
@@ -184,8 +185,10 @@ void _al_sampler_atfork_child(void)
         s.live_bytes = s.residency_peak = 0;
         s.residency_pending = s.peak_set_current = false;
         s.rss_peak_kib = 0;
-        /* A forked child's getrusage starts from its own copy of the memory: no earlier peak. */
+        /* A forked child's getrusage starts from its own copy of the memory: no earlier peak,
+         * and its first sampled event reads it. */
         s.inherited_kib = 0;
+        s.peak_next = 0;
         _al_sampler.peak_source = AL_PEAK_NONE;
     }
     unlock();
@@ -392,25 +395,17 @@ static bool heap_measured(void)
     return _al_waste.enabled;
 }
 
-/* The process's peak resident size so far (KiB); -1 in full mode, which has the heap's, or
- * where it cannot be asked (a seccomp filter the program installed refuses getrusage, or the
- * /proc read VmHWM takes after exec). A sampled allocation or free that finds it higher than
- * at the last peak marks a new peak, before it changes the samples: a moment the sampler's
- * noise does not choose, as the highest of its own estimate would be (that overstates what
- * is live).
+/* The process's peak resident size as the kernel tells it (KiB), or -1 (see rss_peak).
  * RUSAGE_THREAD's peak is the process's too (the kernel's, kept across exec, and the
  * memory's), without summing every thread's times under the signal lock as RUSAGE_SELF's
- * does: 220 ns against 435 on one thread, 1.5 us with 64.
- * After an exec from a larger image (a small program started by a shell or by `alloclens
- * run`), until this image passes that one's peak, VmHWM is read instead: about 8 us a read,
- * some 5% of malloc_bench's time on one thread when read at every sampled allocation and
- * free. So it is read at most 1% of the time, unless EVERY (the report's check), and in
- * between the last read stands: a rise is seen a little later, at a moment the samples still
- * do not choose. */
-static long rss_peak(bool every)
+ * does: 220 ns against 435 on one thread (warm; 1-2 us inside a program whose data has pushed
+ * the kernel's out of the caches), 1.5 us with 64. After an exec from a larger image (a small
+ * program started by a shell or by `alloclens run`), until this image passes that one's peak,
+ * VmHWM is read instead: about 8 us a read. */
+static long read_peak(void)
 {
     struct rusage ru;
-    if (heap_measured() || !_al_seccomp_rusage_ok() || getrusage(RUSAGE_THREAD, &ru) != 0)
+    if (getrusage(RUSAGE_THREAD, &ru) != 0)
         return -1;
     long inherited = atomic_load_explicit(&s.inherited_kib, memory_order_relaxed);
     if (AL_LIKELY(ru.ru_maxrss > inherited)) {
@@ -418,14 +413,32 @@ static long rss_peak(bool every)
             atomic_store_explicit(&s.inherited_kib, 0, memory_order_relaxed);
         return ru.ru_maxrss;
     }
+    return _al_seccomp_measures_ok() ? _al_proc_status("VmHWM") : -1;
+}
+
+/* The process's peak resident size so far (KiB); -1 in full mode, which has the heap's, or
+ * where it cannot be asked (a seccomp filter the program installed refuses getrusage, or the
+ * /proc read VmHWM takes after exec). A sampled allocation or free that finds it higher than
+ * at the last peak marks a new peak, before it changes the samples: a moment the sampler's
+ * noise does not choose, as the highest of its own estimate would be (that overstates what
+ * is live).
+ * Read at every sampled allocation and free, the peak cost malloc_bench 4% of its time in
+ * --mode sample (a system call each, cold), as much as all else the sampler does. So it is
+ * read at most 1% of the time, unless EVERY (the report's check), and in between the last read
+ * stands: a rise is seen a little later (a few hundred microseconds at most), at a moment the
+ * samples still do not choose. */
+static long rss_peak(bool every)
+{
+    if (heap_measured() || !_al_seccomp_rusage_ok())
+        return -1;
     uint64_t t0 = _al_tsc();
-    if (!every && t0 < atomic_load_explicit(&s.hwm_next, memory_order_relaxed))
-        return atomic_load_explicit(&s.hwm_last, memory_order_relaxed);
-    long hwm = _al_seccomp_measures_ok() ? _al_proc_status("VmHWM") : -1;
+    if (!every && t0 < atomic_load_explicit(&s.peak_next, memory_order_relaxed))
+        return atomic_load_explicit(&s.peak_last, memory_order_relaxed);
+    long peak = read_peak();
     uint64_t t1 = _al_tsc();
-    atomic_store_explicit(&s.hwm_next, t1 + 99 * (t1 - t0), memory_order_relaxed);
-    atomic_store_explicit(&s.hwm_last, hwm, memory_order_relaxed);
-    return hwm;
+    atomic_store_explicit(&s.peak_next, t1 + 99 * (t1 - t0), memory_order_relaxed);
+    atomic_store_explicit(&s.peak_last, peak, memory_order_relaxed);
+    return peak;
 }
 
 /* Lock held: a new peak of SIZE bytes (the heap's, the peak RSS, or the estimate: SOURCE). The
