@@ -65,9 +65,11 @@ static struct {
     /* getrusage's peak at start where it is an earlier image's, above this one's (exec keeps
      * it); 0 where it is not, or once this image's passed it. Below it, VmHWM. */
     _Atomic long inherited_kib;
-    /* The peak is read at most 1% of the time: not before the TSC reaches peak_next; the last
-     * read's answer until. */
+    /* The peak is read at most 1% of the time: not before the TSC reaches peak_next (nor
+     * PEAK_SKIP_MAX sampled events later, whichever comes first); the last read's answer
+     * until. */
     _Atomic uint64_t peak_next;
+    _Atomic unsigned peak_skipped;
     _Atomic long peak_last;
     uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s;
@@ -425,15 +427,20 @@ static long read_peak(void)
  * Read at every sampled allocation and free, the peak cost malloc_bench 4% of its time in
  * --mode sample (a system call each, cold), as much as all else the sampler does. So it is
  * read at most 1% of the time, unless EVERY (the report's check), and in between the last read
- * stands: a rise is seen a little later (a few hundred microseconds at most), at a moment the
- * samples still do not choose. */
+ * stands: a rise is seen a little later (a few hundred microseconds), at a moment the samples
+ * still do not choose. A read that took long (the thread was preempted in it) would hold the
+ * next one off for a hundred times as long: PEAK_SKIP_MAX events later it is read anyway. */
+#define PEAK_SKIP_MAX 16
+
 static long rss_peak(bool every)
 {
     if (heap_measured() || !_al_seccomp_rusage_ok())
         return -1;
     uint64_t t0 = _al_tsc();
-    if (!every && t0 < atomic_load_explicit(&s.peak_next, memory_order_relaxed))
+    if (!every && t0 < atomic_load_explicit(&s.peak_next, memory_order_relaxed) &&
+        atomic_fetch_add_explicit(&s.peak_skipped, 1, memory_order_relaxed) < PEAK_SKIP_MAX)
         return atomic_load_explicit(&s.peak_last, memory_order_relaxed);
+    atomic_store_explicit(&s.peak_skipped, 0, memory_order_relaxed);
     long peak = read_peak();
     uint64_t t1 = _al_tsc();
     atomic_store_explicit(&s.peak_next, t1 + 99 * (t1 - t0), memory_order_relaxed);
