@@ -26,15 +26,16 @@
  * stderr: one human-readable summary line (this program doubles as `alloclens demo`).
  *
  * --direct LIB (an allocator library the process has loaded already: libc.so.6, or the one
- * preloaded) runs the steps in AB_ROUNDS rounds taking turns, A B B A A B...: A through the
- * program's symbols (alloclens, where it is preloaded), B through LIB's own functions, past
+ * preloaded) runs the steps in 2 x AB_ROUNDS rounds taking turns, A B B A A B...: A through
+ * the program's symbols (alloclens, where it is preloaded), B through LIB's own functions, past
  * it. A round starts with empty rings and ends with every object of the round freed by the
  * functions that made it, so the two kinds never meet. stdout adds
- *   symbols_calls=N symbols_ns=N direct_ns=N ab_ratio=R
- * the calls made through the symbols (all that alloclens sees), the summed round times of each
- * kind and the median over adjacent pairs of rounds of symbols/direct: what an interposer costs this workload, measured in one process, so that the
- * machine's speed, which drifts between runs, changes both alike. The calls of B rounds are
- * the program's too (in calls=...), but alloclens does not see them.
+ *   rounds=N symbols_calls=N symbols_ns=N direct_ns=N ab_ratio=R
+ * the rounds, the calls made through the symbols (all that alloclens sees), the summed round times of each
+ * kind, and the median over adjacent pairs of rounds of symbols/direct: what an interposer
+ * costs this workload, measured in one process, so that the machine's speed, which drifts
+ * between runs, changes both alike. The calls of B rounds are the program's too (in
+ * calls=...), but alloclens does not see them.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -125,7 +126,7 @@ struct worker {
     pthread_t tid;
 };
 
-static pthread_barrier_t start_barrier;   /* all threads + main: the clock starts after it */
+static pthread_barrier_t start_barrier;   /* all threads + main: a round starts after it */
 static pthread_barrier_t drain_barrier;   /* all threads: nobody hands off after it */
 static pthread_barrier_t end_barrier;     /* all threads + main: a round is over (--direct) */
 static const struct bench_fns *round_fns; /* set by main before a round's start */
@@ -225,7 +226,7 @@ static void *replace(struct worker *w, void *p)
     return alloc_one(w);
 }
 
-/* OPS steps of the workload, then every object freed: the thread's last round. */
+/* A round: OPS steps of the workload, then every object freed. */
 static void run_round(struct worker *w, uint64_t ops)
 {
     for (uint64_t i = 0; i < ops; i++) {
@@ -414,8 +415,8 @@ int main(int argc, char **argv)
            calls, sum.malloc_n, sum.calloc_n, sum.realloc_n, sum.free_n, threads, ops, seed,
            elapsed);
     if (lib)
-        printf(" symbols_calls=%" PRIu64 " symbols_ns=%" PRIu64 " direct_ns=%" PRIu64
-               " ab_ratio=%.4f", sum.symbols_calls, kind_ns[0], kind_ns[1],
+        printf(" rounds=%u symbols_calls=%" PRIu64 " symbols_ns=%" PRIu64 " direct_ns=%" PRIu64
+               " ab_ratio=%.4f", rounds, sum.symbols_calls, kind_ns[0], kind_ns[1],
                (ratio[AB_ROUNDS / 2 - 1] + ratio[AB_ROUNDS / 2]) / 2);
     printf("\n");
     fflush(stdout);

@@ -71,7 +71,6 @@ TARGET_SHADOW_PCT = 15.0      # shadow table + object records, % of the plain pe
 REDIS_TESTS = "set,get,incr,lpush,lpop"
 
 # Expected relative length of each workload's runs, for sharing out the time budget.
-MALLOC_BENCH_ROUNDS = 20     # malloc_bench's AB_ROUNDS: rounds of each kind with --direct
 W_MT, W_1T, W_PAIR, W_PY, W_SQL, W_REDIS = 1.0, 0.7, 0.5, 1.5, 1.2, 6.0
 
 
@@ -387,13 +386,14 @@ def bench_malloc(b, name, path, threads, ops):
     figure compared between runs) and gives the ratio of those to its rounds through the
     allocator's own functions (the figure within one run)."""
     cmd = [b.malloc_bench, "--direct", path, str(threads), str(ops), str(b.args.seed)]
-    calls_seen, symbols_calls = set(), set()
+    calls_seen, symbols_calls, rounds = set(), set(), set()
     counted = []
     in_run = {False: [], True: []}
 
     def on_run(f, profiled):
         calls_seen.add(int(f["calls"]))
         symbols_calls.add(int(f["symbols_calls"]))
+        rounds.add(int(f["rounds"]))
         in_run[profiled].append(float(f["ab_ratio"]))
         if profiled:
             counted.append(b.report_calls())
@@ -407,7 +407,7 @@ def bench_malloc(b, name, path, threads, ops):
         row["notes"].append(f"call counts differed between runs: {sorted(calls_seen)}, through "
                             f"the symbols {sorted(symbols_calls)}")
     calls = max(symbols_calls)
-    row["calls"] = calls
+    row["calls"], row["rounds"] = calls, max(rounds)
     if add_medians(row, p, q, 1e6):
         par = min(threads, b.ncpus)
         # Within each run: rounds through alloclens against rounds past it, profiled over plain
@@ -903,8 +903,10 @@ def main():
                else "")])
 
     print()
+    rounds = sorted({r["rounds"] for r in rows if "rounds" in r})
     print(f"malloc_bench --direct: {args.threads} threads x {args.ops} ops and 1 thread x "
-          f"{2 * args.ops} ops, seed {args.seed}, in {2 * MALLOC_BENCH_ROUNDS} rounds taking turns "
+          f"{2 * args.ops} ops, seed {args.seed}, in {'/'.join(map(str, rounds)) or 'its'} rounds "
+          "taking turns "
           "through the program's symbols (alloclens) and past them (the allocator's own "
           "functions); plain/profiled = median of the time of the rounds through the symbols "
           "(CLOCK_MONOTONIC, start-up excluded); in one run = median of the runs' ratio of the "
