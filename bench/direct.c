@@ -1,7 +1,6 @@
 /* bench/direct: an allocator's own malloc family (see direct.h). */
 #include <dlfcn.h>
 #include <link.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -12,11 +11,11 @@ const struct bench_fns bench_symbols = { malloc, calloc, realloc, free };
 /* SYM as LIB (handle H) itself defines it, not a definition found in one of its dependencies. */
 static void *own_symbol(const char *prog, void *h, const char *lib, const char *sym)
 {
-    struct link_map *lm;
+    struct link_map *lib_map, *def_map;
     Dl_info info;
     void *f = dlsym(h, sym);
-    if (!f || dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !dladdr(f, &info) ||
-        (uintptr_t)info.dli_fbase != lm->l_addr) {
+    if (!f || dlinfo(h, RTLD_DI_LINKMAP, &lib_map) != 0 ||
+        !dladdr1(f, &info, (void **)&def_map, RTLD_DL_LINKMAP) || def_map != lib_map) {
         fprintf(stderr, "%s: %s does not define %s itself\n", prog, lib, sym);
         return NULL;
     }

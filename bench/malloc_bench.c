@@ -31,11 +31,11 @@
  * it. A round starts with empty rings and ends with every object of the round freed by the
  * functions that made it, so the two kinds never meet. stdout adds
  *   rounds=N symbols_calls=N symbols_ns=N direct_ns=N ab_ratio=R
- * the rounds, the calls made through the symbols (all that alloclens sees), the summed round times of each
- * kind, and the median over adjacent pairs of rounds of symbols/direct: what an interposer
- * costs this workload, measured in one process, so that the machine's speed, which drifts
- * between runs, changes both alike. The calls of B rounds are the program's too (in
- * calls=...), but alloclens does not see them.
+ * the rounds, the calls made through the symbols (all that alloclens sees), the summed round
+ * times of each kind (elapsed_ns is then their sum), and the median over adjacent pairs of
+ * rounds of symbols/direct: what an interposer costs this workload, measured in one process,
+ * so that the machine's speed, which drifts between runs, changes both alike. The calls of B
+ * rounds are the program's too (in calls=...), but alloclens does not see them.
  */
 #include <errno.h>
 #include <inttypes.h>

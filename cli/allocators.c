@@ -208,9 +208,12 @@ static bool status_version(const char *pkg, char *out, size_t cap)
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = '\0';
         if (line[0] == '\0') { /* end of a paragraph */
-            if ((found = in_pkg && arch_ok && version[0]))
+            found = in_pkg && arch_ok && version[0];
+            if (found)
                 break;
-            in_pkg = false, arch_ok = arch == NULL, version[0] = '\0';
+            in_pkg = false;
+            arch_ok = arch == NULL;
+            version[0] = '\0';
         } else if (strncmp(line, "Package: ", 9) == 0) {
             in_pkg = strlen(line + 9) == name_len && strncmp(line + 9, pkg, name_len) == 0;
         } else if (arch && strncmp(line, "Architecture: ", 14) == 0) {

@@ -139,7 +139,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
-        /* No hint: --mode sample's path runs straight on, the timed modes jump. */    \
+        /* Unhinted, GCC lays --mode sample's path out straight, the timed modes' jump. */\
         if (_al_hot.timed)                                                             \
             return timed_##sym(t, AL_STRIP(args));                                     \
         if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \

@@ -110,13 +110,16 @@ AL_INLINE uint64_t _al_fib_hash(uint64_t x, unsigned bits)
 }
 
 /* Buckets of _al_hot.sample_pages: a page's number modulo AL_SAMPLE_PAGES, so the pages of
- * any 16 MiB of heap each have a bucket of their own, and a free finds its bit with two shifts
- * and a mask (a multiplicative hash cost it two more instructions). */
+ * any 16 MiB of heap each have a bucket of their own, folded with the number of its 16 MiB, so
+ * that the same page of heaps laid out alike 16 MiB apart (glibc's 64 MiB arenas) does not
+ * share one. A free finds its bit with three shifts, a xor and a mask (a multiplicative hash
+ * cost it an imul's latency more). */
 #define AL_SAMPLE_PAGES 4096
 
 AL_INLINE unsigned _al_sample_page(const void *p)
 {
-    return (unsigned)((uintptr_t)p >> 12) & (AL_SAMPLE_PAGES - 1);
+    uintptr_t page = (uintptr_t)p >> 12;
+    return (unsigned)(page ^ (page >> 12)) & (AL_SAMPLE_PAGES - 1);
 }
 
 /* The globals every allocation call reads, on one page of their own (record.c). Beyond its
@@ -136,7 +139,7 @@ struct al_hot {
     uint64_t large_threshold;
     uint64_t tsc_overhead; /* cycles a back-to-back rdtsc pair reports: what every timed call
                               over-counts (measured at start-up) */
-    /* A bit per hashed page that holds a live sampled object (sampler.c keeps the counts): a
+    /* A bit per bucket of pages (_al_sample_page) that holds a live sampled object (sampler.c keeps the counts): a
      * free or realloc outside --mode full looks here before it looks in the shadow table.
      * Lines of their own: a sample's update of a word leaves the fields above, read by every
      * call on every CPU, in their caches. */
@@ -460,7 +463,6 @@ struct al_thread {
     int busy;        /* inside an interposed call: nested calls are forwarded, not counted;
                         AL_BUSY_EXITING once the thread's exit callback has run */
     int ending_signal;       /* one that came while busy, to be raised again by _al_unbusy */
-    struct al_shadow_cache region; /* the last region record this thread looked at */
     unsigned in_call;        /* inside the real allocator call: op * 2 + large + 1; else 0 */
     char sud_selector;       /* syscall user dispatch: block while in_call */
     unsigned tag;            /* 1..255: this thread in the shadow table's line entries */
@@ -469,6 +471,9 @@ struct al_thread {
                                 credit (waste.c) */
     int64_t sample_countdown; /* bytes until the next sampled allocation */
     uint64_t rng;             /* this thread's generator for the countdowns */
+    /* The region records this thread looked at last (the timed modes' calls; lines of their
+     * own, after the line every call reads). */
+    _Alignas(64) struct al_shadow_cache region;
     /* The rows, on the same page as the fields above (the state is a mapping of its own): a
      * call touches no other page of it (see struct al_hot for why that matters). */
     struct al_row rows[AL_ROWS];

@@ -65,9 +65,9 @@ static struct {
     /* getrusage's peak at start where it is an earlier image's, above this one's (exec keeps
      * it); 0 where it is not, or once this image's passed it. Below it, VmHWM. */
     _Atomic long inherited_kib;
-    /* The peak is read at most 1% of the time: not before the TSC reaches peak_next (nor
-     * PEAK_SKIP_MAX sampled events later, whichever comes first); the last read's answer
-     * until. */
+    /* The peak is read at most about 1% of the time, and at least at every
+     * (PEAK_SKIP_MAX + 1)th sampled event: not before the TSC reaches peak_next unless
+     * PEAK_SKIP_MAX events skipped it; the last read's answer until. */
     _Atomic uint64_t peak_next;
     _Atomic unsigned peak_skipped;
     _Atomic long peak_last;
@@ -426,10 +426,12 @@ static long read_peak(void)
  * is live).
  * Read at every sampled allocation and free, the peak cost malloc_bench 4% of its time in
  * --mode sample (a system call each, cold), as much as all else the sampler does. So it is
- * read at most 1% of the time, unless EVERY (the report's check), and in between the last read
- * stands: a rise is seen a little later (a few hundred microseconds), at a moment the samples
- * still do not choose. A read that took long (the thread was preempted in it) would hold the
- * next one off for a hundred times as long: PEAK_SKIP_MAX events later it is read anyway. */
+ * read at most about 1% of the time, unless EVERY (the report's check), and in between the last
+ * read stands: a rise is seen a little later (a few hundred microseconds), at a moment the
+ * samples still do not choose. A read that took long (the thread was preempted in it) would
+ * hold the next one off for a hundred times as long: after PEAK_SKIP_MAX events that skipped
+ * it, it is read anyway (which, where sampled events come faster than every 100 reads' time,
+ * costs more than 1%). */
 #define PEAK_SKIP_MAX 16
 
 static long rss_peak(bool every)

@@ -139,7 +139,10 @@ static int live_threads_add(int d)
 {
     int before = reg.live_threads;
     reg.live_threads = before + d;
-    atomic_store_explicit(&_al_hot.parallel, reg.live_threads > 1, memory_order_relaxed);
+    bool parallel = reg.live_threads > 1;
+    /* Written only when it changes: its line is read by every call on every CPU. */
+    if (atomic_load_explicit(&_al_hot.parallel, memory_order_relaxed) != parallel)
+        atomic_store_explicit(&_al_hot.parallel, parallel, memory_order_relaxed);
     phase_account(before);
     return before;
 }

@@ -28,7 +28,7 @@ RUNS = 2
 def listed_versions():
     """{name: version} as `alloclens allocators` lists them."""
     out = subprocess.run([altest.cli(), "allocators"], check=True, capture_output=True,
-                         text=True).stdout
+                         text=True, timeout=60).stdout
     return {f[0]: f[2] for f in (l.split("\t") for l in out.splitlines()) if len(f) == 3}
 
 
@@ -37,11 +37,12 @@ def package_version(path):
     or None."""
     real = os.path.realpath(path)
     for p in dict.fromkeys((path, real, "/usr" + path, real.removeprefix("/usr"))):
-        s = subprocess.run(["dpkg-query", "-S", p], capture_output=True, text=True)
-        if s.returncode == 0:
-            pkg = s.stdout.split(": ")[0].split(", ")[0]
+        s = subprocess.run(["dpkg-query", "-S", p], capture_output=True, text=True, timeout=60)
+        owners = [l for l in s.stdout.splitlines() if not l.startswith("diversion ")]
+        if s.returncode == 0 and owners:
+            pkg = owners[0].split(": ")[0].split(", ")[0]
             v = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", pkg],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, timeout=60)
             return v.stdout if v.returncode == 0 else None
     return None
 
@@ -65,7 +66,7 @@ def main():
     names = every[:3]
     tap.ok(names, "alloclens allocators finds allocators", "none found")
     listed = listed_versions()
-    for a in every[1:]:
+    for a in (a for a in every if a != "glibc"):
         want = package_version(found[a]) if shutil.which("dpkg-query") else None
         if want is None:
             tap.skip(f"{a}: alloclens allocators gives its package's version",
