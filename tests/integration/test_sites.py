@@ -30,7 +30,10 @@ allocated_bytes, sites that freed everything before the peak have none live at i
 A third series (20 seeds, --churn, in full mode and in --mode sample) puts the heap's peak, and
 the process's peak RSS, at the end while the sampler's own estimate of what is live is highest
 earlier, in a batch of transient objects: the sites' peak is the heap's (full mode) or the RSS's
-(sample), so the batches hold nothing at it and the small objects all of theirs.
+(sample), so the batches hold nothing at it and the small objects all of theirs. The same
+--mode sample runs again (5 seeds) exec'd by a process that peaked far higher (256 MiB), the
+library preloaded directly: exec keeps that peak in getrusage, so the sampler must read the
+image's own (VmHWM) to find the same peak.
 
 `--simulate` runs the same statistical checks on binomially drawn samples (a correct sampler) and
 prints how often each one fails: the false-alarm rate of this test. With 2000 rounds: each mean
@@ -389,6 +392,59 @@ def run_series(tap, label, prog, args, rate, tmp, extra=()):
         if len(reports) < len(SEEDS):
             return None, None
     return reports, truth
+
+
+INHERITED_MIB = 256
+
+
+def run_inherited(prog, args, tmp, name, env_add):
+    """PROG ARGS exec'd by a python that touched INHERITED_MIB MiB first, with ENV_ADD (the
+    library and its variables) in the program's environment only: (report, truth, why)."""
+    out = os.path.join(tmp, f"{name}.json")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_PERTURB_"}
+    code = ("import os, sys\n"
+            f"big = b'\\x01' * ({INHERITED_MIB} << 20)\n"
+            "env = dict(os.environ)\n"
+            "env.update(a.split('=', 1) for a in sys.argv[1:sys.argv.index('--')])\n"
+            "argv = sys.argv[sys.argv.index('--') + 1:]\n"
+            "os.execve(argv[0], argv, env)\n")
+    cmd = [sys.executable, "-c", code, *(f"{k}={v}" for k, v in env_add.items()),
+           f"ALLOCLENS_OUTPUT={out}", "ALLOCLENS_TEXT=off", "--", prog, *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, env=env, timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return None, None, f"no exit in {RUN_TIMEOUT} s"
+    if proc.returncode != 0 or not os.path.exists(out):
+        return None, None, (f"exit status {proc.returncode}, report {os.path.exists(out)}; "
+                            "stderr:\n" + proc.stderr.decode(errors="replace")[-2000:])
+    with open(out) as f:
+        report = json.load(f)
+    return report, json.loads(proc.stdout.decode())["sites"], None
+
+
+def check_inherited_peak(tap, prog, tmp):
+    """The --churn checks of --mode sample, in a program whose getrusage peak is an earlier
+    image's: only the image's own peak (VmHWM) can place the sites' peak at the end."""
+    label = "churn --mode sample after exec from a larger image"
+    reports, truth, whys, peaks = {}, None, [], []
+    for seed in SEEDS[:5]:
+        rep, tr, why = run_inherited(prog, ["--churn"], tmp, run_name(label, seed), {
+            "LD_PRELOAD": altest.so(), "ALLOCLENS_MODE": "sample", "ALLOCLENS_SEED": str(seed)})
+        if why:
+            whys.append(f"seed {seed}: {why}")
+            continue
+        reports[seed], truth = rep, tr
+        peaks.append(num(rep.get("profiler", {}).get("process_peak_rss_bytes")))
+    if not tap.ok(not whys, f"{label}: 5 runs complete", "\n".join(whys)):
+        return
+    # The regime under test: the image's own peak far below the one exec kept.
+    tap.ok(all(0 < p < (INHERITED_MIB << 20) / 2 for p in peaks),
+           f"{label}: the program's own peak RSS is under half the inherited {INHERITED_MIB} MiB",
+           f"process_peak_rss_bytes {peaks}")
+    tap.ok(all(r["sites"].get("peak_source") == "rss" for r in reports.values()),
+           f"{label}: the sites' peak is the RSS's",
+           str([r["sites"].get("peak_source") for r in reports.values()]))
+    per_run_checks(tap, label, reports, truth, None, os.path.basename(prog) + ".c")
 
 
 def per_run_checks(tap, label, reports, truth, rate, prog_file):
@@ -763,6 +819,7 @@ def main():
         reports, truth = run_series(tap, label, stats, ["--churn"], None, tmp, ("--mode", mode))
         if reports:
             per_run_checks(tap, label, reports, truth, None, os.path.basename(stats) + ".c")
+    check_inherited_peak(tap, stats, tmp)
 
     check_pagemap(tap, pagemap, tmp)
     check_pagemap(tap, pagemap, tmp, "--after")
