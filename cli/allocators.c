@@ -176,18 +176,30 @@ int _al_cli_resolve_allocator(const char *arg, struct al_found_allocator *ret)
     return -1;
 }
 
-/* Whether dpkg's file list LIST names one of the N paths in WANT. */
-static bool list_names(const char *list, const char *const *want, int n)
+/* Whether line LINE of a file list ends in the file name NAME. */
+static bool named(const char *line, size_t len, const char *name)
+{
+    size_t n = strlen(name);
+    return len > n && line[len - n - 1] == '/' && !strcmp(line + len - n, name);
+}
+
+/* Whether dpkg's file list LIST names the file whose real path is REAL, under that name or
+ * ALIAS (the name we found it by): dpkg lists a file under the name its package gave it,
+ * which since /usr was merged may be /usr/lib/... for a /lib/... we found, or a symbolic link
+ * to it. Only lines with one of those names are resolved. */
+static bool list_names(const char *list, const char *real, const char *alias)
 {
     FILE *f = fopen(list, "re");
     if (!f)
         return false;
-    char line[PATH_MAX + 2];
+    char line[PATH_MAX + 2], line_real[PATH_MAX];
+    const char *real_name = strrchr(real, '/') + 1;
     bool found = false;
     while (!found && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        for (int i = 0; i < n && !found; i++)
-            found = strcmp(line, want[i]) == 0;
+        size_t len = strcspn(line, "\n");
+        line[len] = '\0';
+        found = (named(line, len, real_name) || named(line, len, alias)) && realpath(line, line_real) &&
+                !strcmp(line_real, real);
     }
     fclose(f);
     return found;
@@ -230,25 +242,12 @@ static bool status_version(const char *pkg, char *out, size_t cap)
 }
 
 /* The version of the Debian package that installed PATH, into OUT; false where dpkg does not
- * know the file. dpkg lists a file under the name the package gave it, which since /usr was
- * merged may be /usr/lib/... for a /lib/... we found, or the other way round: all are tried,
- * and the file's real path. Read only for the listing: a scan of every package's file list. */
+ * know the file. Read only for the listing: a scan of every package's file list. */
 static bool package_version(const char *path, char *out, size_t cap)
 {
-    char real[PATH_MAX], with_usr[PATH_MAX + 4];
-    const char *want[4] = { path };
-    int n = 1;
-    if (realpath(path, real) && strcmp(real, path) != 0)
-        want[n++] = real;
-    for (int i = 0, m = n; i < m; i++) {
-        if (strncmp(want[i], "/usr/", 5) == 0) {
-            want[n++] = want[i] + 4;
-        } else if (i == 0) {
-            snprintf(with_usr, sizeof with_usr, "/usr%s", want[i]);
-            want[n++] = with_usr;
-        }
-    }
-    DIR *d = opendir("/var/lib/dpkg/info");
+    char real[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    DIR *d = realpath(path, real) && slash ? opendir("/var/lib/dpkg/info") : NULL;
     if (!d)
         return false;
     bool found = false;
@@ -259,7 +258,7 @@ static bool package_version(const char *path, char *out, size_t cap)
             continue;
         char list[PATH_MAX];
         snprintf(list, sizeof list, "/var/lib/dpkg/info/%s", e->d_name);
-        if (list_names(list, want, n)) {
+        if (list_names(list, real, slash + 1)) {
             char pkg[sizeof e->d_name];
             snprintf(pkg, sizeof pkg, "%.*s", (int)(len - 5), e->d_name);
             found = status_version(pkg, out, cap);

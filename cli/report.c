@@ -343,17 +343,16 @@ static void sites_section(struct out *o, json_object *r)
         return;
     char peak[32];
     _al_cli_bytes(peak, sizeof peak, _al_cli_num(s, "live_bytes_at_peak"));
-    char when[160] = "", unknown[96];
+    char when[160] = "";
     const char *source = _al_cli_str(s, "peak_source"); /* absent from older reports */
-    unsigned k = 0;
-    while (k < AL_PEAK_SOURCES && strcmp(source, _al_peak_words(k)->name))
-        k++;
-    snprintf(unknown, sizeof unknown, "the %s peak", source);
+    unsigned k = _al_peak_source_named(source);
+    double at = _al_cli_num(s, "peak_time_ns") / 1e9;
     if (k == AL_PEAK_NONE)
         snprintf(when, sizeof when, ", %s", _al_peak_words(k)->text);
-    else if (*source)
-        snprintf(when, sizeof when, ", at %s, %.3f s", k < AL_PEAK_SOURCES ? _al_peak_words(k)->text : unknown,
-                 _al_cli_num(s, "peak_time_ns") / 1e9);
+    else if (k < AL_PEAK_SOURCES)
+        snprintf(when, sizeof when, ", at %s, %.3f s", _al_peak_words(k)->text, at);
+    else if (*source) /* a name this version does not know */
+        snprintf(when, sizeof when, ", at the %s peak, %.3f s", source, at);
     note(o, "sampled every %.0f bytes on average; %s live at the peak (estimated%s); names from %s",
          _al_cli_num(s, "sample_rate_bytes"), peak, when, _al_cli_str(s, "symbols"));
     static const char *const heads[] = { "live at peak", "allocated", "objects", "internal", "where" };

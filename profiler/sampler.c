@@ -470,6 +470,17 @@ static void snapshot(uint64_t now, double size, enum al_peak_source source)
     }
 }
 
+/* Lock held: the peak RSS read (RSS, KiB, 0 or more) makes a new peak if it rose since the
+ * last one, or if STILL (the samples are still the peak's). */
+static void rss_peak_seen(long rss, bool still, uint64_t now)
+{
+    if (rss > s.rss_peak_kib)
+        s.rss_peak_kib = rss;
+    else if (!still)
+        return;
+    snapshot(now, (double)s.rss_peak_kib * 1024, AL_PEAK_RSS);
+}
+
 /* Lock held, at a sampled event, before it changes the samples (RSS: rss_peak's answer
  * before the lock): without the heap's measure, a new peak if the peak RSS rose, or where that
  * cannot be asked, if the estimate of all live bytes passed its last peak by a MiB. Then the
@@ -477,13 +488,10 @@ static void snapshot(uint64_t now, double size, enum al_peak_source source)
  * seccomp filters may refuse the pagemap's reading: the report, which may, measures it then). */
 static void sampled_event_peak(long rss, uint64_t now)
 {
-    bool estimate = !heap_measured() && rss < 0;
-    if (rss > s.rss_peak_kib) {
-        s.rss_peak_kib = rss;
-        snapshot(now, (double)rss * 1024, AL_PEAK_RSS);
-    } else if (estimate && (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || !_al_sampler.peak_time)) {
+    if (rss >= 0)
+        rss_peak_seen(rss, false, now);
+    else if (!heap_measured() && (s.live_bytes > _al_sampler.peak_bytes + (1u << 20) || !_al_sampler.peak_time))
         snapshot(now, s.live_bytes, AL_PEAK_ESTIMATE);
-    }
     if (s.residency_pending && _al_seccomp_measures_ok())
         measure_residency();
 }
@@ -593,13 +601,10 @@ void _al_sampler_report_begins(void)
      * large as then (a MiB: the kernel's counts of resident pages lag) and the estimate is no
      * lower: the samples since are still live. */
     bool still = now_kib >= 0 && now_kib + 1024 >= s.rss_peak_kib && s.live_bytes >= _al_sampler.peak_bytes;
-    if (rss >= 0 && (rss > s.rss_peak_kib || still)) {
-        if (rss > s.rss_peak_kib)
-            s.rss_peak_kib = rss;
-        snapshot(_al_tsc(), (double)s.rss_peak_kib * 1024, AL_PEAK_RSS);
-    } else if (rss < 0 && s.live_bytes > _al_sampler.peak_bytes) {
+    if (rss >= 0)
+        rss_peak_seen(rss, still, _al_tsc());
+    else if (s.live_bytes > _al_sampler.peak_bytes)
         snapshot(_al_tsc(), s.live_bytes, AL_PEAK_ESTIMATE);
-    }
     unlock();
 }
 

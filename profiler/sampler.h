@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define AL_SITE_FRAMES 32
 #define AL_SITES_MAX 4096
@@ -26,6 +27,15 @@ static inline const struct al_peak_words *_al_peak_words(unsigned source)
         [AL_PEAK_ESTIMATE] = { "estimate", "the sampled estimate's peak" },
     };
     return &w[source];
+}
+
+/* The source whose JSON name is NAME, or AL_PEAK_SOURCES. */
+static inline unsigned _al_peak_source_named(const char *name)
+{
+    unsigned k = 0;
+    while (k < AL_PEAK_SOURCES && strcmp(name, _al_peak_words(k)->name) != 0)
+        k++;
+    return k;
 }
 
 struct al_site {
