@@ -281,6 +281,13 @@ void _al_syscalls_thread_init(struct al_thread *t)
     t->dispatching = false;
     if (!_al_syscalls.dispatch || atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed))
         return;
+    /* A signal mask inherited across exec (from a thread of the parent that blocked every
+     * signal, say) may block SIGSYS: the first system call the allocator made would end the
+     * process. This image never asked for it; the wrappers keep it from asking later. */
+    sigset_t sys;
+    sigemptyset(&sys);
+    sigaddset(&sys, SIGSYS);
+    pthread_sigmask(SIG_UNBLOCK, &sys, NULL);
     t->dispatching = prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, (unsigned long)__start_al_sud_text,
                            (unsigned long)(__stop_al_sud_text - __start_al_sud_text), &t->sud_selector) == 0;
 }

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -90,6 +91,21 @@ for name in allocs:
             tap.ok(munmap_free == truth,
                    f"sys_big under {name}: same profile as glibc; munmap in free {munmap_free} "
                    f"== {truth} unmaps of >= 33 MiB that strace sees in the plain run")
+
+# 1b. sys_big started with SIGSYS blocked, as a program exec'd by a thread that blocked every
+# signal is: a dispatched system call would end it, so the library unblocks SIGSYS; the
+# program runs as plain and its allocator's system calls are counted.
+def block_sigsys():
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGSYS])
+
+
+for name in allocs:
+    proc, rep = run(name, [BIG], wd, name=f"big-masked-{name}", preexec_fn=block_sigsys)
+    info = (rep or {}).get("syscalls_info", {})
+    tap.ok(proc.returncode == 0 and proc.stdout.decode().split() == [str(K)]
+           and info.get("available") is True and sum(s["count"] for s in rep.get("syscalls", [])) > 0,
+           f"sys_big started with SIGSYS blocked, under {name}: ran, printed {K}, its allocator's "
+           "system calls counted", f"rc {proc.returncode}; {info}\n{proc.stderr.decode()[-2000:]}")
 
 # 2. sys_contend under jemalloc, every malloc/free through one arena's bin lock.
 if "jemalloc" in allocs:
