@@ -40,7 +40,8 @@ static inline size_t _al_mul_size(size_t k, size_t n)
     return __builtin_mul_overflow(k, n, &r) ? SIZE_MAX : r;
 }
 
-/* exec.c, exit.c, fds.c, seccomp.c, threads.c, locks.c, signals.c: their forwarding targets,
+/* exec.c, exit.c, fds.c, seccomp.c, threads.c, locks.c, signals.c, signal_compat.c: their
+ * forwarding targets,
  * resolved with the rest at start-up */
 void _al_exec_resolve(void);
 const void *_al_exec_real_posix_spawn(void); /* the C library's, which exec.c's wrapper calls */
@@ -52,6 +53,12 @@ void _al_threads_resolve(void);
 void _al_locks_resolve(void);
 void _al_signals_resolve(void);
 void _al_signals_start(void); /* from our constructor: stands in for ending signals' defaults */
+/* The mask change HOW SET asks for, SIGSYS left deliverable while system calls are dispatched
+ * (in *COPY where it must change). */
+const sigset_t *_al_signals_deliverable(int how, const sigset_t *set, sigset_t *copy);
+/* signal_compat.c */
+void _al_signal_compat_resolve(void);
+bool _al_signal_interrupts(int sig); /* siginterrupt(sig, 1) was called last for SIG */
 
 /* real.c */
 /* The first call of a thread, a nested call, or a call before start-up finished: returns the

@@ -109,6 +109,7 @@ static int real_resolve(void)
     _al_threads_resolve();
     _al_locks_resolve();
     _al_signals_resolve();
+    _al_signal_compat_resolve();
     _al_fds_resolve();
     _al_seccomp_resolve();
     if (!_al_real.free || !_al_real.calloc || !_al_real.realloc || !_al_real.posix_memalign)

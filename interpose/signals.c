@@ -20,6 +20,7 @@
  * selector open, since one may interrupt an allocator call and make system calls of its own.
  * Without dispatch every call goes straight through. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -65,8 +66,17 @@ static void run_program_handler(int sig, siginfo_t *si, void *ctx)
 {
     _al_selector_open();
     struct sigaction a = program[sig];
-    if (a.sa_flags & SA_RESETHAND)
+    if (a.sa_flags & SA_RESETHAND) {
         set_action(sig, &(struct sigaction){ .sa_handler = SIG_DFL }, NULL);
+        /* Blocked until now (set_action) so that a second one waited for the default, as the
+         * kernel's reset on delivery makes it: deliverable in the handler again if asked. */
+        if ((a.sa_flags & SA_NODEFER) && !sigismember(&a.sa_mask, sig)) {
+            sigset_t only;
+            sigemptyset(&only);
+            sigaddset(&only, sig);
+            real_pthread_sigmask(SIG_UNBLOCK, &only, NULL);
+        }
+    }
     _al_signal_run(&a, sig, si, ctx);
 }
 
@@ -172,7 +182,7 @@ AL_EXPORT void abort(void)
 }
 
 /* The mask change HOW SET asks for, SIGSYS left deliverable (in *COPY where it must change). */
-static const sigset_t *without_sigsys(int how, const sigset_t *set, sigset_t *copy)
+const sigset_t *_al_signals_deliverable(int how, const sigset_t *set, sigset_t *copy)
 {
     if (how == SIG_UNBLOCK || !set || !dispatching() || !sigismember(set, SIGSYS))
         return set;
@@ -223,6 +233,10 @@ static int set_action(int sig, const struct sigaction *act, struct sigaction *ol
         mine = *act;
         mine.sa_flags = (mine.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
         mine.sa_sigaction = run_program_handler;
+        if (act->sa_flags & SA_RESETHAND) { /* see run_program_handler */
+            mine.sa_flags &= ~SA_NODEFER;
+            sigaddset(&mine.sa_mask, sig);
+        }
         if (dispatching())
             sigdelset(&mine.sa_mask, SIGSYS);
         use = &mine;
@@ -237,21 +251,31 @@ static int set_action(int sig, const struct sigaction *act, struct sigaction *ol
     return r;
 }
 
+extern __typeof__(sigaction) __sigaction __attribute__((alias("sigaction"), copy(sigaction), visibility("default")));
+
 AL_EXPORT sighandler_t signal(int sig, sighandler_t handler)
 {
-    /* BSD semantics, as glibc's signal gives: restart, the signal blocked in its handler. */
-    struct sigaction act = { .sa_handler = handler, .sa_flags = SA_RESTART }, old;
+    if (handler == SIG_ERR || sig < 1 || sig >= _NSIG) {
+        errno = EINVAL;
+        return SIG_ERR;
+    }
+    /* BSD semantics, as glibc's signal gives: restart (unless siginterrupt asked otherwise),
+     * the signal blocked in its handler. */
+    struct sigaction act = { .sa_handler = handler, .sa_flags = _al_signal_interrupts(sig) ? 0 : SA_RESTART }, old;
     sigemptyset(&act.sa_mask);
     sigaddset(&act.sa_mask, sig);
     return sigaction(sig, &act, &old) == 0 ? old.sa_handler : SIG_ERR;
 }
+
+extern __typeof__(signal) bsd_signal __attribute__((alias("signal"), copy(signal), visibility("default")));
+extern __typeof__(signal) ssignal __attribute__((alias("signal"), copy(signal), visibility("default")));
 
 AL_EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {
     if (AL_UNLIKELY(!real_sigprocmask))
         _al_signals_resolve();
     sigset_t copy;
-    return real_sigprocmask(how, without_sigsys(how, set, &copy), old);
+    return real_sigprocmask(how, _al_signals_deliverable(how, set, &copy), old);
 }
 
 AL_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
@@ -259,5 +283,5 @@ AL_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
     if (AL_UNLIKELY(!real_pthread_sigmask))
         _al_signals_resolve();
     sigset_t copy;
-    return real_pthread_sigmask(how, without_sigsys(how, set, &copy), old);
+    return real_pthread_sigmask(how, _al_signals_deliverable(how, set, &copy), old);
 }

@@ -106,7 +106,7 @@ static void account(struct al_thread *t, int kind, uint64_t cycles, bool futex_w
 /* SIGSYS's action set with the kernel directly, in the kernel's own layout: glibc's sigaction
  * would supply its own restorer, and the wrapper (signals.c) only records the program's.
  * Ours runs with every signal blocked: a handler the program installed where our wrappers did
- * not see it (sigset, a raw system call) must not run on top of ours once it has set the
+ * not see it (one set by a raw system call) must not run on top of ours once it has set the
  * selector back to "block", with SIGSYS blocked too: its return, a system call outside our
  * trampoline, would then be dispatched while SIGSYS cannot be delivered, and the kernel
  * would end the process. Pending, it runs where the allocator call was. (A SIGSYS that is

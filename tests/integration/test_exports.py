@@ -26,8 +26,10 @@ expected |= {"malloc_usable_size", "pthread_create", "execve", "execvpe", "execv
              "fexecve", "execl", "execlp", "execle", "posix_spawn", "posix_spawnp", "_exit", "_Exit",
              "quick_exit", "pthread_mutex_lock", "pthread_mutex_trylock",
              "pthread_mutex_unlock", "pthread_spin_lock", "pthread_spin_trylock", "pthread_spin_unlock",
-             "sigaction", "signal", "sigprocmask", "pthread_sigmask", "pipe2", "abort", "prctl",
-             "syscall"}
+             "sigaction", "__sigaction", "signal", "bsd_signal", "ssignal", "sigprocmask",
+             "pthread_sigmask", "sysv_signal", "__sysv_signal", "sigset", "sigignore", "siginterrupt",
+             "sighold", "sigrelse", "sigblock", "sigsetmask", "sigsuspend", "pselect", "ppoll",
+             "__ppoll_chk", "epoll_pwait", "epoll_pwait2", "pipe2", "abort", "prctl", "syscall"}
 
 out = subprocess.run(["nm", "-D", "--defined-only", so], check=True, capture_output=True, text=True).stdout
 exported = set()

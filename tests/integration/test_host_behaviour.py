@@ -186,7 +186,8 @@ CASES = [
     case("execv in place", "host_exec", ["inplace", "@leaf"], check=check_inplace),
     case("failed execs then carry on", "host_exec", ["enoent", "@leaf"]),
     case("SIGALRM+SIGUSR1 handlers", "host_signals", ["handlers"]),
-    case("a SIGALRM handler set by sigset(), unseen by alloclens", "host_signals", ["sigset"]),
+    case("a SIGALRM handler set by the rt_sigaction system call, unseen by alloclens",
+         "host_signals", ["raw-sigaction"]),
     case("raise SIGTERM", "host_signals", ["term"]),
     case("SIGTERM with threads allocating", "host_signals", ["term-threads"]),
     case("SIGTERM to a thread inside the allocator", "host_signals", ["term-busy"]),
@@ -203,6 +204,9 @@ CASES = [
     case("the program's own SIGSEGV handler recovers", "host_signals", ["segv-caught"]),
     case("_exit from a signal handler", "host_signals", ["exit-handler"]),
     case("blocked signal, sigsuspend", "host_signals", ["mask"]),
+    case("the C library's older signal calls (sigset, sysv_signal, sighold, sigblock...); "
+         "handlers that allocate inside sigsuspend, pselect, ppoll, epoll_pwait with every "
+         "other signal masked", "host_signals", ["legacy"]),
     case("a SIGCHLD handler sees no child of alloclens", "host_signals", ["sigchld"],
          check=check_sigchld),
     case("dlopen/dlclose plugin", "host_dlopen", ["@plugin"]),

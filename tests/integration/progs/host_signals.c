@@ -23,11 +23,19 @@
  *   fpe-threads   4 threads allocate without pause; main divides by zero: dies by SIGFPE
  *   segv-caught   its own SIGSEGV handler leaves a bad access with siglongjmp, 100 times,
  *                 allocating in between; puts the default back and exits 0
- *   sigset        the handlers case's SIGALRM timer with a handler installed by sigset(), which
- *                 sets it in the C library without going through sigaction (so alloclens
- *                 never sees it), interrupting allocations that map and unmap memory
+ *   raw-sigaction the handlers case's SIGALRM timer with a handler installed by the
+ *                 rt_sigaction system call itself (so no wrapper of alloclens sees it),
+ *                 interrupting allocations that map and unmap memory
  *   exit-handler  a SIGUSR1 handler calls _exit(5) while the main loop allocates
  *   mask          SIGUSR1 blocked around allocation, then delivered by sigsuspend; exits 0
+ *   legacy        the C library's older calls: bsd_signal, siginterrupt then signal, sigset
+ *                 (a handler, SIG_HOLD, SIG_DFL), sighold, sigrelse, sigignore, sigblock and
+ *                 sigsetmask, printing each disposition and mask as sigaction and sigprocmask
+ *                 report them; allocates (mapped blocks: system calls) with every signal
+ *                 blocked by sigblock and by sighold and sigset(SIG_HOLD) of SIGSYS; a SIGUSR1
+ *                 handler that allocates runs inside sigsuspend, pselect, ppoll and epoll_pwait,
+ *                 each given every signal but SIGUSR1 as its mask; then a one-shot SIGTERM
+ *                 handler set by sysv_signal runs once and raises SIGTERM again: dies by SIGTERM
  *   sigchld       a SIGCHLD handler that writes a line for each signal; allocates enough for
  *                 sampled sites (whose names the report finds at exit), starts no child and
  *                 returns 0: no line may appear */
@@ -39,7 +47,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/auxv.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -144,6 +155,203 @@ static void churn_then_say(int n, const char *line)
         churn_once(i);
     printf("%s\n", line);
     fflush(stdout);
+}
+
+/* A handler that allocates a mapped block (system calls, in most allocators). */
+static void on_usr1_alloc(int sig)
+{
+    (void)sig;
+    volatile char *p = malloc(33u << 20);
+    if (p) {
+        p[0] = 1;
+        free((void *)p);
+    }
+    usr1s++;
+}
+
+static void big_blocks(void)
+{
+    for (int i = 0; i < 3; i++) {
+        volatile char *p = malloc(33u << 20);
+        if (!p)
+            exit(93);
+        p[i] = 1;
+        free((void *)p);
+    }
+}
+
+static const char *blocked(int sig);
+
+static void on_term_sysv(int sig)
+{
+    static const char line[] = "legacy: one-shot SIGTERM handler ran, SIGTERM now ";
+    ssize_t w = write(1, line, sizeof line - 1);
+    const char *d = disposition(sig), *b = blocked(sig);
+    w += write(1, d, strlen(d));
+    w += write(1, ", ", 2);
+    w += write(1, b, strlen(b));
+    w += write(1, "\n", 1);
+    (void)w;
+}
+
+static const char *blocked(int sig)
+{
+    sigset_t now;
+    sigprocmask(SIG_BLOCK, NULL, &now);
+    return sigismember(&now, sig) ? "blocked" : "not blocked";
+}
+
+static const char *restarts(int sig)
+{
+    struct sigaction sa;
+    sigaction(sig, NULL, &sa);
+    return sa.sa_flags & SA_RESTART ? "restarts" : "interrupts";
+}
+
+/* SIGUSR1 pending, then WAIT run with every signal but SIGUSR1 as its mask: its handler
+ * allocates there. */
+static void wait_with_mask(const char *what, int (*wait)(const sigset_t *))
+{
+    sigset_t all, usr1;
+    sigfillset(&all);
+    sigdelset(&all, SIGUSR1);
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, NULL);
+    int before = usr1s;
+    raise(SIGUSR1);
+    int r = wait(&all);
+    sigprocmask(SIG_UNBLOCK, &usr1, NULL);
+    printf("legacy: %s with every signal but SIGUSR1 masked: returned %d, handler ran %d time(s)\n",
+           what, r, (int)(usr1s - before));
+}
+
+static int in_sigsuspend(const sigset_t *m)
+{
+    return sigsuspend(m);
+}
+
+static int in_pselect(const sigset_t *m)
+{
+    struct timespec ts = { 1, 0 };
+    return pselect(0, NULL, NULL, NULL, &ts, m);
+}
+
+static int in_ppoll(const sigset_t *m)
+{
+    struct timespec ts = { 1, 0 };
+    struct pollfd none[1];
+    return ppoll(none, 0, &ts, m);
+}
+
+static int in_epoll_pwait(const sigset_t *m)
+{
+    int fd = epoll_create1(0);
+    struct epoll_event ev[1];
+    int r = epoll_pwait(fd, ev, 1, 1000, m);
+    close(fd);
+    return r;
+}
+
+/* BSD's: not declared by glibc's headers since POSIX.1-2008 dropped it, still exported. */
+extern sighandler_t bsd_signal(int sig, sighandler_t handler);
+#define BSD_MASK(sig) (1 << ((sig) - 1)) /* BSD's sigmask(), deprecated in the headers */
+
+static int legacy(void)
+{
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* old, and still used */
+    sighandler_t was = bsd_signal(SIGUSR1, on_usr1);
+    printf("legacy: bsd_signal returned %s; SIGUSR1 %s, %s\n", was == SIG_DFL ? "default" : "other",
+           disposition(SIGUSR1), restarts(SIGUSR1));
+    siginterrupt(SIGUSR1, 1);
+    printf("legacy: after siginterrupt(SIGUSR1, 1): %s, %s\n", disposition(SIGUSR1), restarts(SIGUSR1));
+    siginterrupt(SIGUSR2, 1);
+    signal(SIGUSR2, on_usr1);
+    printf("legacy: siginterrupt(SIGUSR2, 1) then signal: SIGUSR2 %s\n", restarts(SIGUSR2));
+    siginterrupt(SIGUSR2, 0);
+    signal(SIGUSR2, SIG_DFL);
+    was = sigset(SIGHUP, on_usr1);
+    printf("legacy: sigset(SIGHUP, handler) returned %s; SIGHUP %s\n", was == SIG_DFL ? "default" : "other",
+           disposition(SIGHUP));
+    raise(SIGHUP);
+    printf("legacy: SIGHUP raised, handled: %d\n", (int)usr1s);
+    sighandler_t held = sigset(SIGUSR2, SIG_HOLD);
+    printf("legacy: sigset(SIGUSR2, SIG_HOLD) returned %s; SIGUSR2 %s\n",
+           held == SIG_DFL ? "default" : held == SIG_HOLD ? "hold" : "other", blocked(SIGUSR2));
+    sigrelse(SIGUSR2);
+    printf("legacy: sigrelse: SIGUSR2 %s\n", blocked(SIGUSR2));
+    sighold(SIGUSR2);
+    printf("legacy: sighold: SIGUSR2 %s\n", blocked(SIGUSR2));
+    held = sigset(SIGUSR2, SIG_DFL);
+    printf("legacy: sigset(SIGUSR2, SIG_DFL) returned %s; SIGUSR2 %s, %s\n",
+           held == SIG_HOLD ? "hold" : "other", disposition(SIGUSR2), blocked(SIGUSR2));
+    sigignore(SIGHUP);
+    raise(SIGHUP);
+    printf("legacy: sigignore(SIGHUP): %s, survived its raise\n", disposition(SIGHUP));
+    int old = sigblock(BSD_MASK(SIGUSR2));
+    printf("legacy: sigblock: SIGUSR2 %s, SIGUSR2 in the old mask: %d\n", blocked(SIGUSR2),
+           (old & BSD_MASK(SIGUSR2)) != 0);
+    sigsetmask(old);
+    printf("legacy: sigsetmask(old): SIGUSR2 %s\n", blocked(SIGUSR2));
+
+    old = sigblock(~0);
+    big_blocks();
+    sigsetmask(old);
+    printf("legacy: allocated with every signal blocked by sigblock\n");
+    sighold(SIGSYS);
+    big_blocks();
+    sigrelse(SIGSYS);
+    printf("legacy: allocated after sighold(SIGSYS)\n");
+    held = sigset(SIGSYS, SIG_HOLD);
+    big_blocks();
+    sigrelse(SIGSYS);
+    printf("legacy: allocated after sigset(SIGSYS, SIG_HOLD), which returned %s\n",
+           held == SIG_DFL ? "default" : "other");
+
+    bsd_signal(SIGUSR1, on_usr1_alloc);
+    wait_with_mask("sigsuspend", in_sigsuspend);
+    wait_with_mask("pselect", in_pselect);
+    wait_with_mask("ppoll", in_ppoll);
+    wait_with_mask("epoll_pwait", in_epoll_pwait);
+
+    was = sysv_signal(SIGTERM, on_term_sysv);
+    printf("legacy: sysv_signal(SIGTERM) returned %s; SIGTERM %s\n", was == SIG_DFL ? "default" : "other",
+           disposition(SIGTERM));
+    fflush(stdout);
+    raise(SIGTERM);
+    printf("legacy: raising SIGTERM again\n");
+    fflush(stdout);
+    raise(SIGTERM);
+#pragma GCC diagnostic pop
+    printf("legacy: still alive?\n");
+    return 1;
+}
+
+/* The kernel's rt_sigaction, made with the syscall instruction: no C library function (and so
+ * no wrapper) between. The handler returns through a restorer of our own, as the C library's
+ * sigaction supplies its own. */
+void raw_restorer(void);
+__asm__(".text\n"
+        "raw_restorer:\n"
+        "    mov $15, %eax\n" /* rt_sigreturn */
+        "    syscall\n");
+
+static int raw_sigaction(int sig, void (*handler)(int))
+{
+    struct {
+        void (*handler)(int);
+        unsigned long flags;
+        void (*restorer)(void);
+        unsigned long mask;
+    } k = { handler, 0x04000000 | SA_RESTART /* SA_RESTORER */, raw_restorer, 0 };
+    long r;
+    register long size __asm__("r10") = 8; /* the kernel's sigset_t */
+    __asm__ volatile("syscall"
+                     : "=a"(r)
+                     : "0"(13L /* rt_sigaction */), "D"((long)sig), "S"(&k), "d"(0L), "r"(size)
+                     : "rcx", "r11", "memory");
+    return (int)r;
 }
 
 static pthread_t main_thread;
@@ -288,11 +496,9 @@ int main(int argc, char **argv)
         churn_then_say(2000, "abort: calling abort()");
         abort();
     }
-    if (!strcmp(mode, "sigset")) {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* old, and still used */
-        sigset(SIGALRM, on_alarm);
-#pragma GCC diagnostic pop
+    if (!strcmp(mode, "raw-sigaction")) {
+        if (raw_sigaction(SIGALRM, on_alarm) != 0)
+            return 92;
         struct itimerval it = { { 0, 200 }, { 0, 200 } };
         setitimer(ITIMER_REAL, &it, NULL);
         for (int i = 0; alarms < 1000; i++) {
@@ -307,7 +513,7 @@ int main(int argc, char **argv)
         }
         struct itimerval off = { { 0, 0 }, { 0, 0 } };
         setitimer(ITIMER_REAL, &off, NULL);
-        printf("sigset: 1000 SIGALRM handled while allocating\n");
+        printf("raw-sigaction: 1000 SIGALRM handled while allocating\n");
         return 0;
     }
     if (!strcmp(mode, "segv")) {
@@ -362,6 +568,8 @@ int main(int argc, char **argv)
         printf("mask: handled after sigsuspend: %d\n", (int)usr1s);
         return usr1s == 1 ? 0 : 1;
     }
+    if (!strcmp(mode, "legacy"))
+        return legacy();
     if (!strcmp(mode, "sigchld")) {
         install(SIGCHLD, on_chld, SA_RESTART);
         static void *keep[256];

@@ -1,0 +1,219 @@
+/* The C library's other ways to set a disposition or a signal mask, made on our sigaction and
+ * sigprocmask (signals.c) with the C library's semantics.
+ *
+ * The C library builds sigset, sysv_signal, bsd_signal, sighold, sigblock and the rest on its
+ * own sigaction and sigprocmask, inside itself, past our wrappers: a handler set so was not
+ * recorded (sigaction then reported the default, and a one-shot handler's reset skipped the
+ * report), and a mask set so could block SIGSYS while system calls are dispatched, which ends
+ * the process at the allocator's next system call. The waits that take a mask of their own
+ * (sigsuspend, pselect, ppoll, epoll_pwait) run the handlers of the signals they let in with
+ * it: SIGSYS is taken out of it, as out of every other mask the program sets. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+
+#include "interpose.h"
+
+static int (*real_sigsuspend)(const sigset_t *);
+static int (*real_pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
+static int (*real_ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
+static int (*real_ppoll_chk)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *, size_t);
+static int (*real_epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
+static int (*real_epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
+
+void _al_signal_compat_resolve(void)
+{
+    real_sigsuspend = (__typeof__(real_sigsuspend))dlsym(RTLD_NEXT, "sigsuspend");
+    real_pselect = (__typeof__(real_pselect))dlsym(RTLD_NEXT, "pselect");
+    real_ppoll = (__typeof__(real_ppoll))dlsym(RTLD_NEXT, "ppoll");
+    real_ppoll_chk = (__typeof__(real_ppoll_chk))dlsym(RTLD_NEXT, "__ppoll_chk");
+    real_epoll_pwait = (__typeof__(real_epoll_pwait))dlsym(RTLD_NEXT, "epoll_pwait");
+    real_epoll_pwait2 = (__typeof__(real_epoll_pwait2))dlsym(RTLD_NEXT, "epoll_pwait2");
+}
+
+/* ---- dispositions -------------------------------------------------------------------------- */
+
+/* siginterrupt's signals: signal() sets their handlers without SA_RESTART, as the C library's
+ * does with its own record (which our signal() never reads). */
+static sigset_t interrupting;
+
+bool _al_signal_interrupts(int sig)
+{
+    return sigismember(&interrupting, sig) == 1;
+}
+
+static bool bad_signal(int sig, sighandler_t handler)
+{
+    if (handler != SIG_ERR && sig >= 1 && sig < _NSIG)
+        return false;
+    errno = EINVAL;
+    return true;
+}
+
+/* System V's: a one-shot handler, the signal not blocked in it, calls interrupted. */
+AL_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler)
+{
+    if (bad_signal(sig, handler))
+        return SIG_ERR;
+    struct sigaction act = { .sa_handler = handler, .sa_flags = SA_RESETHAND | SA_NODEFER }, old;
+    sigemptyset(&act.sa_mask);
+    return sigaction(sig, &act, &old) == 0 ? old.sa_handler : SIG_ERR;
+}
+
+extern __typeof__(sysv_signal) __sysv_signal __attribute__((alias("sysv_signal"), copy(sysv_signal), visibility("default")));
+
+/* Sets DISP (a handler, SIG_DFL, SIG_IGN) and takes SIG out of the mask, or with SIG_HOLD
+ * adds it to the mask; returns the disposition before, or SIG_HOLD if SIG was blocked. */
+AL_EXPORT sighandler_t sigset(int sig, sighandler_t disp)
+{
+    if (bad_signal(sig, disp))
+        return SIG_ERR;
+    sigset_t set, before;
+    struct sigaction act = { .sa_handler = disp }, old;
+    sigemptyset(&set);
+    if (sigaddset(&set, sig) < 0)
+        return SIG_ERR;
+    if (disp == SIG_HOLD) {
+        if (sigprocmask(SIG_BLOCK, &set, &before) < 0)
+            return SIG_ERR;
+        if (sigismember(&before, sig))
+            return SIG_HOLD;
+        return sigaction(sig, NULL, &old) == 0 ? old.sa_handler : SIG_ERR;
+    }
+    sigemptyset(&act.sa_mask);
+    if (sigaction(sig, &act, &old) < 0 || sigprocmask(SIG_UNBLOCK, &set, &before) < 0)
+        return SIG_ERR;
+    return sigismember(&before, sig) ? SIG_HOLD : old.sa_handler;
+}
+
+AL_EXPORT int sigignore(int sig)
+{
+    struct sigaction act = { .sa_handler = SIG_IGN };
+    sigemptyset(&act.sa_mask);
+    return sigaction(sig, &act, NULL);
+}
+
+/* Whether SIG's handler interrupts system calls (1) or has them restarted (0): the flag
+ * changed in the disposition now, and kept for signal() to set later. */
+AL_EXPORT int siginterrupt(int sig, int interrupt)
+{
+    struct sigaction act;
+    if (sigaction(sig, NULL, &act) < 0)
+        return -1;
+    if (interrupt) {
+        sigaddset(&interrupting, sig);
+        act.sa_flags &= ~SA_RESTART;
+    } else {
+        sigdelset(&interrupting, sig);
+        act.sa_flags |= SA_RESTART;
+    }
+    return sigaction(sig, &act, NULL) < 0 ? -1 : 0;
+}
+
+/* ---- masks --------------------------------------------------------------------------------- */
+
+static int one_signal(int how, int sig)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    if (sigaddset(&set, sig) < 0)
+        return -1;
+    return sigprocmask(how, &set, NULL);
+}
+
+AL_EXPORT int sighold(int sig)
+{
+    return one_signal(SIG_BLOCK, sig);
+}
+
+AL_EXPORT int sigrelse(int sig)
+{
+    return one_signal(SIG_UNBLOCK, sig);
+}
+
+/* BSD's masks: an int whose bit n stands for signal n + 1. */
+static int bsd_mask(int how, int mask)
+{
+    sigset_t set, before;
+    sigemptyset(&set);
+    for (int sig = 1; sig <= 32; sig++)
+        if ((unsigned)mask & (1u << (sig - 1)))
+            sigaddset(&set, sig); /* refuses the C library's own signals, as its mask does */
+    sigprocmask(how, &set, &before);
+    unsigned old = 0;
+    for (int sig = 1; sig <= 32; sig++)
+        if (sigismember(&before, sig) == 1)
+            old |= 1u << (sig - 1);
+    return (int)old;
+}
+
+AL_EXPORT int sigblock(int mask)
+{
+    return bsd_mask(SIG_BLOCK, mask);
+}
+
+AL_EXPORT int sigsetmask(int mask)
+{
+    return bsd_mask(SIG_SETMASK, mask);
+}
+
+/* ---- waits with a mask of their own ----------------------------------------------------------- */
+
+static void resolved(void)
+{
+    if (AL_UNLIKELY(!real_sigsuspend))
+        _al_signal_compat_resolve();
+}
+
+AL_EXPORT int sigsuspend(const sigset_t *mask)
+{
+    resolved();
+    sigset_t copy;
+    return real_sigsuspend(_al_signals_deliverable(SIG_SETMASK, mask, &copy));
+}
+
+AL_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *timeout,
+                      const sigset_t *mask)
+{
+    resolved();
+    sigset_t copy;
+    return real_pselect(n, r, w, e, timeout, _al_signals_deliverable(SIG_SETMASK, mask, &copy));
+}
+
+AL_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *timeout, const sigset_t *mask)
+{
+    resolved();
+    sigset_t copy;
+    return real_ppoll(fds, n, timeout, _al_signals_deliverable(SIG_SETMASK, mask, &copy));
+}
+
+/* ppoll as a program built with _FORTIFY_SOURCE calls it. */
+AL_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *timeout,
+                          const sigset_t *mask, size_t fds_len)
+{
+    resolved();
+    sigset_t copy;
+    return real_ppoll_chk(fds, n, timeout, _al_signals_deliverable(SIG_SETMASK, mask, &copy), fds_len);
+}
+
+AL_EXPORT int epoll_pwait(int fd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
+{
+    resolved();
+    sigset_t copy;
+    return real_epoll_pwait(fd, ev, max, timeout, _al_signals_deliverable(SIG_SETMASK, mask, &copy));
+}
+
+AL_EXPORT int epoll_pwait2(int fd, struct epoll_event *ev, int max, const struct timespec *timeout,
+                           const sigset_t *mask)
+{
+    resolved();
+    if (!real_epoll_pwait2) { /* a C library older than 2.35 */
+        errno = ENOSYS;
+        return -1;
+    }
+    sigset_t copy;
+    return real_epoll_pwait2(fd, ev, max, timeout, _al_signals_deliverable(SIG_SETMASK, mask, &copy));
+}
