@@ -214,10 +214,13 @@ static bool status_version(const char *pkg, char *out, size_t cap)
         return false;
     size_t name_len = strcspn(pkg, ":");
     const char *arch = pkg[name_len] ? pkg + name_len + 1 : NULL;
-    char line[1024];
+    /* Whole lines, however long (a Depends: line may run to kilobytes; a piece of one read
+     * as a line of its own could be taken for a paragraph's end). */
+    char *line = NULL;
+    size_t line_cap = 0;
     bool in_pkg = false, arch_ok = arch == NULL, found = false;
     char version[256] = "";
-    while (fgets(line, sizeof line, f)) {
+    while (getline(&line, &line_cap, f) >= 0) {
         line[strcspn(line, "\n")] = '\0';
         if (line[0] == '\0') { /* end of a paragraph */
             found = in_pkg && arch_ok && version[0];
@@ -235,6 +238,7 @@ static bool status_version(const char *pkg, char *out, size_t cap)
         }
     }
     found = found || (in_pkg && arch_ok && version[0]); /* the last paragraph */
+    free(line);
     fclose(f);
     if (found)
         snprintf(out, cap, "%s", version);
