@@ -2,7 +2,8 @@
  *
  * The main process writes OUTPUT itself and the human report; every other process of the run
  * (forked children, images replaced by exec) writes OUTPUT.<pid>.json beside it, taking the
- * next free OUTPUT.<pid>.<n>.json when an earlier image of the same pid already wrote one.
+ * next free OUTPUT.<pid>.<n>.json when an earlier image of the same pid already wrote one (or
+ * OUTPUT itself where it is a device, such as /dev/null).
  * Everything here works from mmap'd memory: threads still running keep using the allocator.
  */
 #include <errno.h>
@@ -172,9 +173,15 @@ static uint64_t total_calls(const struct al_report *r)
     return n;
 }
 
-/* OUTPUT.<pid>.json, or OUTPUT.<pid>.<n>.json when taken; opened with O_EXCL. */
+/* OUTPUT.<pid>.json, or OUTPUT.<pid>.<n>.json when taken; opened with O_EXCL. Where OUTPUT
+ * is a device (-o /dev/null), OUTPUT itself: no file is made beside it (in /dev). */
 static int open_side_report(const char *output, pid_t pid, char *path, size_t cap)
 {
+    struct stat st;
+    if (stat(output, &st) == 0 && S_ISCHR(st.st_mode)) {
+        snprintf(path, cap, "%s", output);
+        return open(path, O_WRONLY | O_CLOEXEC);
+    }
     size_t len = strlen(output);
     const char *ext = "";
     if (len > 5 && strcmp(output + len - 5, ".json") == 0) {

@@ -269,6 +269,21 @@ def test_unwritable_paths(tap):
     tap.ok(len(err) == 2 and all("/nonexistent/dir/r." in l for l in err),
            f"{desc}: one line for the parent's report and one for the child's", show(prof))
 
+    # A device as the output (-o /dev/null): the child's report goes there too, not to a file
+    # made beside it in /dev.
+    def beside_null():
+        return {f for f in os.listdir("/dev") if f.startswith("null.")}
+    before = beside_null()
+    sub = tmpdir()
+    desc = "direct ALLOCLENS_OUTPUT=/dev/null, program forks"
+    plain, prof = direct(sub, [FORK, "basic"], ALLOCLENS_OUTPUT="/dev/null", ALLOCLENS_TEXT="off")
+    same_as_plain(tap, desc, plain, prof)
+    made = beside_null() - before
+    tap.ok(prof is not None and not lines(prof.stderr) and not made,
+           f"{desc}: nothing on stderr, no file made in /dev", f"{sorted(made)}\n{show(prof)}")
+    for f in made:
+        os.unlink(os.path.join("/dev", f))
+
 
 def test_stderr_pipe_closed(tap):
     """The text report on a stderr whose reader is gone: the write fails quietly; the program's
