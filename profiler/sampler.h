@@ -71,14 +71,15 @@ extern struct al_sampler _al_sampler;
 
 void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
 void _al_sample_free(const void *p);
+void _al_sample_forget_slow(const void *p);
 
-/* p is being freed or moved: forgotten by the sampler if it is a live sample. Only a page that
- * holds one costs a look at the shadow table. (Full mode reads the mark in the byte it reads
- * anyway for the object's record.) */
+/* p is being freed or moved (--mode sample and time): forgotten by the sampler if it is a live
+ * sample. Only a page whose bucket holds one costs a look further (sampler.c). (Full mode reads
+ * the sample's mark in the shadow byte it reads anyway for the object's record.) */
 static inline __attribute__((always_inline)) void _al_sample_forget(const void *p)
 {
-    if (__builtin_expect(p && _al_sample_page_maybe(p), 0) && (_al_shadow_flags(p) & AL_SHADOW_SAMPLED))
-        _al_sample_free(p);
+    if (__builtin_expect(p && _al_sample_page_maybe(p), 0))
+        _al_sample_forget_slow(p);
 }
 
 void _al_sampler_init(const struct al_settings *s);
