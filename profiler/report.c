@@ -3,7 +3,7 @@
  * The main process writes OUTPUT itself and the human report; every other process of the run
  * (forked children, images replaced by exec) writes OUTPUT.<pid>.json beside it, taking the
  * next free OUTPUT.<pid>.<n>.json when an earlier image of the same pid already wrote one (or
- * OUTPUT itself where it is a device, such as /dev/null).
+ * OUTPUT itself where it is not a regular file, such as /dev/null).
  * Everything here works from mmap'd memory: threads still running keep using the allocator.
  */
 #include <errno.h>
@@ -173,15 +173,18 @@ static uint64_t total_calls(const struct al_report *r)
     return n;
 }
 
-/* OUTPUT.<pid>.json, or OUTPUT.<pid>.<n>.json when taken; opened with O_EXCL. Where OUTPUT
- * is a device (-o /dev/null), OUTPUT itself: no file is made beside it (in /dev). */
-static int open_side_report(const char *output, pid_t pid, char *path, size_t cap)
+/* OUTPUT.<pid>.json, or OUTPUT.<pid>.<n>.json when taken; opened with O_EXCL, *MADE set. Where
+ * OUTPUT is there and not a regular file (-o /dev/null, a pipe), OUTPUT itself: no file is made
+ * beside it (in /dev), and none may be removed (a failed exec's, _al_report_forget_exec). */
+static int open_side_report(const char *output, pid_t pid, char *path, size_t cap, bool *made)
 {
     struct stat st;
-    if (stat(output, &st) == 0 && S_ISCHR(st.st_mode)) {
+    *made = false;
+    if (stat(output, &st) == 0 && !S_ISREG(st.st_mode)) {
         snprintf(path, cap, "%s", output);
-        return open(path, O_WRONLY | O_CLOEXEC);
+        return open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
     }
+    *made = true;
     size_t len = strlen(output);
     const char *ext = "";
     if (len > 5 && strcmp(output + len - 5, ".json") == 0) {
@@ -255,14 +258,16 @@ static void write_report(struct write_args *w)
         _al_report_json(&b, r);
         char path[4096];
         int fd;
+        bool made = false;
         if (main_image) {
             snprintf(path, sizeof path, "%s", _al_settings.output);
-            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            /* No controlling terminal taken, where OUTPUT is one and this a session leader. */
+            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);
         } else {
-            fd = open_side_report(_al_settings.output, r->pid, path, sizeof path);
+            fd = open_side_report(_al_settings.output, r->pid, path, sizeof path, &made);
         }
         write_file(&b, fd, path);
-        if (kind == AL_REPORT_EXEC && fd >= 0)
+        if (kind == AL_REPORT_EXEC && fd >= 0 && made)
             snprintf(exec_report_path, sizeof exec_report_path, "%s", path);
         _al_buf_free(&b);
     }
@@ -279,7 +284,7 @@ static void write_report(struct write_args *w)
                 (void)e; /* stderr full or gone: there is nowhere left to say so */
             }
         } else {
-            int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);
             write_file(&b, fd, _al_settings.text);
         }
         _al_buf_free(&b);

@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -283,6 +284,13 @@ def test_unwritable_paths(tap):
            f"{desc}: nothing on stderr, no file made in /dev", f"{sorted(made)}\n{show(prof)}")
     for f in made:
         os.unlink(os.path.join("/dev", f))
+    # A failed exec's report is removed (the image goes on, and reports at its exit): never
+    # the device itself.
+    desc = "direct ALLOCLENS_OUTPUT=/dev/null, execs that fail"
+    plain, prof = direct(sub, [EXEC, "enoent", LEAF], ALLOCLENS_OUTPUT="/dev/null", ALLOCLENS_TEXT="off")
+    same_as_plain(tap, desc, plain, prof)
+    tap.ok(os.path.exists("/dev/null") and stat.S_ISCHR(os.stat("/dev/null").st_mode),
+           f"{desc}: /dev/null is still the device", show(prof))
 
 
 def test_stderr_pipe_closed(tap):
