@@ -41,8 +41,7 @@ static inline size_t _al_mul_size(size_t k, size_t n)
 }
 
 /* exec.c, exit.c, fds.c, seccomp.c, threads.c, locks.c, signals.c, signal_compat.c: their
- * forwarding targets,
- * resolved with the rest at start-up */
+ * forwarding targets, resolved with the rest at start-up */
 void _al_exec_resolve(void);
 const void *_al_exec_real_posix_spawn(void); /* the C library's, which exec.c's wrapper calls */
 void _al_fds_resolve(void);
@@ -58,7 +57,6 @@ void _al_signals_start(void); /* from our constructor: stands in for ending sign
 const sigset_t *_al_signals_deliverable(int how, const sigset_t *set, sigset_t *copy);
 /* signal_compat.c */
 void _al_signal_compat_resolve(void);
-bool _al_signal_interrupts(int sig); /* siginterrupt(sig, 1) was called last for SIG */
 
 /* real.c */
 /* The first call of a thread, a nested call, or a call before start-up finished: returns the

@@ -1,13 +1,16 @@
 /* The C library's other ways to set a disposition or a signal mask, made on our sigaction and
  * sigprocmask (signals.c) with the C library's semantics.
  *
- * The C library builds sigset, sysv_signal, bsd_signal, sighold, sigblock and the rest on its
- * own sigaction and sigprocmask, inside itself, past our wrappers: a handler set so was not
+ * The C library builds signal, sigset, sysv_signal, sighold, sigblock and the rest on its own
+ * sigaction and sigprocmask, inside itself, past our wrappers: a handler set so was not
  * recorded (sigaction then reported the default, and a one-shot handler's reset skipped the
  * report), and a mask set so could block SIGSYS while system calls are dispatched, which ends
  * the process at the allocator's next system call. The waits that take a mask of their own
- * (sigsuspend, pselect, ppoll, epoll_pwait) run the handlers of the signals they let in with
- * it: SIGSYS is taken out of it, as out of every other mask the program sets. */
+ * (sigsuspend, sigpause, pselect, ppoll, epoll_pwait) run the handlers of the signals they let
+ * in with it: SIGSYS is taken out of it, as out of every other mask the program sets.
+ * One difference: SIG_ERR as a disposition is refused (EINVAL) by sigset too, not only by
+ * signal and sysv_signal. Not covered: sigvec (a compatibility symbol no program can link
+ * against now) and setcontext's mask. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
@@ -37,13 +40,8 @@ void _al_signal_compat_resolve(void)
 /* ---- dispositions -------------------------------------------------------------------------- */
 
 /* siginterrupt's signals: signal() sets their handlers without SA_RESTART, as the C library's
- * does with its own record (which our signal() never reads). */
+ * does with its own record. */
 static sigset_t interrupting;
-
-bool _al_signal_interrupts(int sig)
-{
-    return sigismember(&interrupting, sig) == 1;
-}
 
 static bool bad_signal(int sig, sighandler_t handler)
 {
@@ -52,6 +50,22 @@ static bool bad_signal(int sig, sighandler_t handler)
     errno = EINVAL;
     return true;
 }
+
+/* BSD's: calls restarted (unless siginterrupt said otherwise), the signal blocked in its
+ * handler. */
+AL_EXPORT sighandler_t signal(int sig, sighandler_t handler)
+{
+    if (bad_signal(sig, handler))
+        return SIG_ERR;
+    struct sigaction act = { .sa_handler = handler }, old;
+    act.sa_flags = sigismember(&interrupting, sig) == 1 ? 0 : SA_RESTART;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, sig);
+    return sigaction(sig, &act, &old) == 0 ? old.sa_handler : SIG_ERR;
+}
+
+extern __typeof__(signal) bsd_signal __attribute__((alias("signal"), copy(signal), visibility("default")));
+extern __typeof__(signal) ssignal __attribute__((alias("signal"), copy(signal), visibility("default")));
 
 /* System V's: a one-shot handler, the signal not blocked in it, calls interrupted. */
 AL_EXPORT sighandler_t sysv_signal(int sig, sighandler_t handler)
@@ -135,13 +149,21 @@ AL_EXPORT int sigrelse(int sig)
 }
 
 /* BSD's masks: an int whose bit n stands for signal n + 1. */
+static void from_bsd_mask(int mask, sigset_t *set)
+{
+    int saved = errno; /* sigaddset refuses the C library's own signals, as its mask does */
+    sigemptyset(set);
+    for (int sig = 1; sig <= 32; sig++)
+        if ((unsigned)mask & (1u << (sig - 1)))
+            sigaddset(set, sig);
+    errno = saved;
+}
+
 static int bsd_mask(int how, int mask)
 {
     sigset_t set, before;
-    sigemptyset(&set);
-    for (int sig = 1; sig <= 32; sig++)
-        if ((unsigned)mask & (1u << (sig - 1)))
-            sigaddset(&set, sig); /* refuses the C library's own signals, as its mask does */
+    from_bsd_mask(mask, &set);
+    sigemptyset(&before);
     sigprocmask(how, &set, &before);
     unsigned old = 0;
     for (int sig = 1; sig <= 32; sig++)
@@ -173,6 +195,37 @@ AL_EXPORT int sigsuspend(const sigset_t *mask)
     resolved();
     sigset_t copy;
     return real_sigsuspend(_al_signals_deliverable(SIG_SETMASK, mask, &copy));
+}
+
+extern __typeof__(sigsuspend) __sigsuspend __attribute__((alias("sigsuspend"), copy(sigsuspend), visibility("default")));
+
+/* sigsuspend with the mask of the moment less SIG (IS_SIG: X/Open's sigpause), or with BSD's
+ * mask SIG_OR_MASK. */
+AL_EXPORT int __sigpause(int sig_or_mask, int is_sig)
+{
+    sigset_t set;
+    if (is_sig) {
+        sigprocmask(SIG_BLOCK, NULL, &set);
+        if (sigdelset(&set, sig_or_mask) < 0)
+            return -1;
+    } else {
+        from_bsd_mask(sig_or_mask, &set);
+    }
+    return sigsuspend(&set);
+}
+
+/* The exported sigpause is BSD's; <signal.h> names X/Open's __xpg_sigpause "sigpause" in C
+ * (so this one is defined under another C name). */
+int bsd_sigpause(int mask) __asm__("sigpause");
+
+AL_EXPORT int bsd_sigpause(int mask)
+{
+    return __sigpause(mask, 0);
+}
+
+AL_EXPORT int __xpg_sigpause(int sig)
+{
+    return __sigpause(sig, 1);
 }
 
 AL_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *timeout,

@@ -20,7 +20,6 @@
  * selector open, since one may interrupt an allocator call and make system calls of its own.
  * Without dispatch every call goes straight through. */
 #include <dlfcn.h>
-#include <errno.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -252,23 +251,6 @@ static int set_action(int sig, const struct sigaction *act, struct sigaction *ol
 }
 
 extern __typeof__(sigaction) __sigaction __attribute__((alias("sigaction"), copy(sigaction), visibility("default")));
-
-AL_EXPORT sighandler_t signal(int sig, sighandler_t handler)
-{
-    if (handler == SIG_ERR || sig < 1 || sig >= _NSIG) {
-        errno = EINVAL;
-        return SIG_ERR;
-    }
-    /* BSD semantics, as glibc's signal gives: restart (unless siginterrupt asked otherwise),
-     * the signal blocked in its handler. */
-    struct sigaction act = { .sa_handler = handler, .sa_flags = _al_signal_interrupts(sig) ? 0 : SA_RESTART }, old;
-    sigemptyset(&act.sa_mask);
-    sigaddset(&act.sa_mask, sig);
-    return sigaction(sig, &act, &old) == 0 ? old.sa_handler : SIG_ERR;
-}
-
-extern __typeof__(signal) bsd_signal __attribute__((alias("signal"), copy(signal), visibility("default")));
-extern __typeof__(signal) ssignal __attribute__((alias("signal"), copy(signal), visibility("default")));
 
 AL_EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {

@@ -283,7 +283,9 @@ void _al_syscalls_thread_init(struct al_thread *t)
         return;
     /* A signal mask inherited across exec (from a thread of the parent that blocked every
      * signal, say) may block SIGSYS: the first system call the allocator made would end the
-     * process. This image never asked for it; the wrappers keep it from asking later. */
+     * process. This image never asked for it; the wrappers keep it from asking later. (Where
+     * the thread's first allocator call, which comes here, is in a signal handler, the mask
+     * the handler's return restores still has it: not undone here.) */
     sigset_t sys;
     sigemptyset(&sys);
     sigaddset(&sys, SIGSYS);

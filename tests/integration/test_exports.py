@@ -28,7 +28,7 @@ expected |= {"malloc_usable_size", "pthread_create", "execve", "execvpe", "execv
              "pthread_mutex_unlock", "pthread_spin_lock", "pthread_spin_trylock", "pthread_spin_unlock",
              "sigaction", "__sigaction", "signal", "bsd_signal", "ssignal", "sigprocmask",
              "pthread_sigmask", "sysv_signal", "__sysv_signal", "sigset", "sigignore", "siginterrupt",
-             "sighold", "sigrelse", "sigblock", "sigsetmask", "sigsuspend", "pselect", "ppoll",
+             "sighold", "sigrelse", "sigblock", "sigsetmask", "sigsuspend", "__sigsuspend", "__sigpause", "sigpause", "__xpg_sigpause", "pselect", "ppoll",
              "__ppoll_chk", "epoll_pwait", "epoll_pwait2", "pipe2", "abort", "prctl", "syscall"}
 
 out = subprocess.run(["nm", "-D", "--defined-only", so], check=True, capture_output=True, text=True).stdout

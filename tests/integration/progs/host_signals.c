@@ -33,8 +33,8 @@
  *                 sigsetmask, printing each disposition and mask as sigaction and sigprocmask
  *                 report them; allocates (mapped blocks: system calls) with every signal
  *                 blocked by sigblock and by sighold and sigset(SIG_HOLD) of SIGSYS; a SIGUSR1
- *                 handler that allocates runs inside sigsuspend, pselect, ppoll and epoll_pwait,
- *                 each given every signal but SIGUSR1 as its mask; then a one-shot SIGTERM
+ *                 handler that allocates runs inside sigsuspend, sigpause, pselect, ppoll and
+ *                 epoll_pwait, each given every signal but SIGUSR1 as its mask; then a one-shot SIGTERM
  *                 handler set by sysv_signal runs once and raises SIGTERM again: dies by SIGTERM
  *   sigchld       a SIGCHLD handler that writes a line for each signal; allocates enough for
  *                 sampled sites (whose names the report finds at exit), starts no child and
@@ -231,6 +231,20 @@ static int in_sigsuspend(const sigset_t *m)
     return sigsuspend(m);
 }
 
+/* BSD's: not declared by glibc's headers since POSIX.1-2008 dropped it, still exported. */
+extern sighandler_t bsd_signal(int sig, sighandler_t handler);
+#define BSD_MASK(sig) (1 << ((sig) - 1)) /* BSD's sigmask(), deprecated in the headers */
+
+/* BSD's sigpause (what the exported sigpause is; <signal.h> gives programs X/Open's), with
+ * the mask as an int: every signal but SIGUSR1. */
+extern int __sigpause(int sig_or_mask, int is_sig);
+
+static int in_sigpause(const sigset_t *m)
+{
+    (void)m;
+    return __sigpause(~BSD_MASK(SIGUSR1), 0);
+}
+
 static int in_pselect(const sigset_t *m)
 {
     struct timespec ts = { 1, 0 };
@@ -252,10 +266,6 @@ static int in_epoll_pwait(const sigset_t *m)
     close(fd);
     return r;
 }
-
-/* BSD's: not declared by glibc's headers since POSIX.1-2008 dropped it, still exported. */
-extern sighandler_t bsd_signal(int sig, sighandler_t handler);
-#define BSD_MASK(sig) (1 << ((sig) - 1)) /* BSD's sigmask(), deprecated in the headers */
 
 static int legacy(void)
 {
@@ -311,6 +321,7 @@ static int legacy(void)
 
     bsd_signal(SIGUSR1, on_usr1_alloc);
     wait_with_mask("sigsuspend", in_sigsuspend);
+    wait_with_mask("sigpause", in_sigpause);
     wait_with_mask("pselect", in_pselect);
     wait_with_mask("ppoll", in_ppoll);
     wait_with_mask("epoll_pwait", in_epoll_pwait);
@@ -332,10 +343,12 @@ static int legacy(void)
  * no wrapper) between. The handler returns through a restorer of our own, as the C library's
  * sigaction supplies its own. */
 void raw_restorer(void);
-__asm__(".text\n"
+__asm__(".pushsection .text\n"
+        ".type raw_restorer, @function\n"
         "raw_restorer:\n"
         "    mov $15, %eax\n" /* rt_sigreturn */
-        "    syscall\n");
+        "    syscall\n"
+        ".popsection\n");
 
 static int raw_sigaction(int sig, void (*handler)(int))
 {
