@@ -9,9 +9,10 @@
  * and Z/p bytes: each sample is unbiased first, then summed per call site.
  *
  * The hot path is one subtraction and one branch (in profiler.h); a free tests a mark in the
- * shadow table: in full mode in the byte it reads anyway for the object's record, in the other
- * modes only on a page that holds a live sample (sampler.h). Everything else happens under
- * one lock, only for sampled objects.
+ * shadow table in full mode, in the byte it reads anyway for the object's record, and in the
+ * other modes, only on a page whose bucket holds a live sample (sampler.h), the bucket's
+ * addresses (see struct bucket). Everything else happens under one lock, only for sampled
+ * objects.
  */
 #include <errno.h>
 #include <math.h>
@@ -85,11 +86,11 @@ static struct {
 #define BUCKET_ADDRS 3
 
 static struct bucket {
-    _Atomic uintptr_t addr[BUCKET_ADDRS];
+    _Alignas(32) _Atomic uintptr_t addr[BUCKET_ADDRS];
     _Atomic uint32_t over;
 } buckets[AL_SAMPLE_PAGES];
 
-/* Lock held: p is a live sample now (MARK) or no longer. */
+/* Lock held: p is a live sample now (ON) or no longer. */
 static void mark(const void *p, bool on)
 {
     if (!_al_hot.records) {
@@ -107,13 +108,14 @@ static void mark(const void *p, bool on)
     _al_shadow_set_sampled(p, on);
 }
 
+/* Not in full mode, whose frees read the shadow table's mark themselves (_al_waste_free). */
 AL_NOINLINE void _al_sample_forget_slow(const void *p)
 {
     const struct bucket *k = &buckets[_al_sample_page(p)];
     bool found = false;
     for (unsigned i = 0; i < BUCKET_ADDRS; i++)
         found |= atomic_load_explicit(&k->addr[i], memory_order_relaxed) == (uintptr_t)p;
-    if (!found && (_al_hot.records || atomic_load_explicit(&k->over, memory_order_relaxed)))
+    if (!found && atomic_load_explicit(&k->over, memory_order_relaxed))
         found = _al_shadow_flags(p) & AL_SHADOW_SAMPLED;
     if (found)
         _al_sample_free(p);
@@ -610,7 +612,7 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower)
 AL_NOINLINE void _al_sample_free(const void *p)
 {
     int saved = errno, cancel = _al_nocancel_begin();
-    long rss = rss_peak(false); /* the shadow marks p sampled: it is, but for a race */
+    long rss = rss_peak(false); /* p is marked sampled: it is, but for a race */
     uint64_t now = _al_tsc();
     lock();
     struct sample *e = find((uintptr_t)p);
