@@ -139,9 +139,9 @@ struct al_hot {
     uint64_t large_threshold;
     uint64_t tsc_overhead; /* cycles a back-to-back rdtsc pair reports: what every timed call
                               over-counts (measured at start-up) */
-    /* A bit per bucket of pages (_al_sample_page) holding a live sampled object (sampler.c
-     * keeps the counts): a free or realloc outside --mode full looks here before it looks for
-     * its address among the sampler's.
+    /* A bit per bucket of pages (_al_sample_page) holding a live sampled object, outside
+     * --mode full (sampler.c): a free or realloc looks here before it looks for its address
+     * among the sampler's.
      * Lines of their own: a sample's update of a word leaves the fields above, read by every
      * call on every CPU, in their caches. */
     _Alignas(64) _Atomic uint64_t sample_pages[AL_SAMPLE_PAGES / 64];

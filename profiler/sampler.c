@@ -72,7 +72,6 @@ static struct {
     _Atomic uint64_t peak_next;
     _Atomic unsigned peak_skipped;
     _Atomic long peak_last;
-    uint8_t page_samples[AL_SAMPLE_PAGES]; /* live samples per bucket of _al_hot.sample_pages */
 } s;
 
 /* Where a free finds that its object is a live sample. Full mode marks it in the shadow table,
@@ -90,22 +89,37 @@ static struct bucket {
     _Atomic uint32_t over;
 } buckets[AL_SAMPLE_PAGES];
 
-/* Lock held: p is a live sample now (ON) or no longer. */
+/* Lock held: p is a live sample now (ON) or no longer; outside full mode, the bit of its
+ * bucket in _al_hot.sample_pages follows whether the bucket holds any. */
 static void mark(const void *p, bool on)
 {
-    if (!_al_hot.records) {
-        struct bucket *k = &buckets[_al_sample_page(p)];
-        uintptr_t want = on ? 0 : (uintptr_t)p;
-        for (unsigned i = 0; i < BUCKET_ADDRS; i++) {
-            if (atomic_load_explicit(&k->addr[i], memory_order_relaxed) == want) {
-                atomic_store_explicit(&k->addr[i], on ? (uintptr_t)p : 0, memory_order_relaxed);
-                return;
-            }
-        }
+    if (_al_hot.records) {
+        _al_shadow_set_sampled(p, on);
+        return;
+    }
+    unsigned b = _al_sample_page(p);
+    struct bucket *k = &buckets[b];
+    uintptr_t want = on ? 0 : (uintptr_t)p;
+    unsigned i = 0;
+    while (i < BUCKET_ADDRS && atomic_load_explicit(&k->addr[i], memory_order_relaxed) != want)
+        i++;
+    if (i < BUCKET_ADDRS) {
+        atomic_store_explicit(&k->addr[i], on ? (uintptr_t)p : 0, memory_order_relaxed);
+    } else {
         uint32_t over = atomic_load_explicit(&k->over, memory_order_relaxed);
         atomic_store_explicit(&k->over, on ? over + 1 : over - 1, memory_order_relaxed);
+        _al_shadow_set_sampled(p, on);
     }
-    _al_shadow_set_sampled(p, on);
+    bool any = atomic_load_explicit(&k->over, memory_order_relaxed) != 0;
+    for (i = 0; i < BUCKET_ADDRS; i++)
+        any |= atomic_load_explicit(&k->addr[i], memory_order_relaxed) != 0;
+    /* Written only when it changes: the bitmap's lines are read by every free. */
+    uint64_t bit = 1ull << (b % 64);
+    _Atomic uint64_t *word = &_al_hot.sample_pages[b / 64];
+    if (any && !(atomic_load_explicit(word, memory_order_relaxed) & bit))
+        atomic_fetch_or_explicit(word, bit, memory_order_relaxed);
+    else if (!any && (atomic_load_explicit(word, memory_order_relaxed) & bit))
+        atomic_fetch_and_explicit(word, ~bit, memory_order_relaxed);
 }
 
 /* Not in full mode, whose frees read the shadow table's mark themselves (_al_waste_free). */
@@ -119,22 +133,6 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p)
         found = _al_shadow_flags(p) & AL_SHADOW_SAMPLED;
     if (found)
         _al_sample_free(p);
-}
-
-/* One more (or one fewer) live sample on p's bucket; the free path's bit follows. A saturated
- * count stays, and so does its bit: that only costs a free a look at the bucket. */
-static void page_sample(const void *p, int d)
-{
-    unsigned b = _al_sample_page(p);
-    uint8_t c = s.page_samples[b];
-    if (c == UINT8_MAX || (d < 0 && c == 0))
-        return;
-    s.page_samples[b] = (uint8_t)(c + d);
-    uint64_t bit = 1ull << (b % 64);
-    if (c + d == 0)
-        atomic_fetch_and_explicit(&_al_hot.sample_pages[b / 64], ~bit, memory_order_relaxed);
-    else if (c == 0)
-        atomic_fetch_or_explicit(&_al_hot.sample_pages[b / 64], bit, memory_order_relaxed);
 }
 
 static void lock(void)
@@ -219,8 +217,6 @@ void _al_sampler_atfork_child(void)
     if (_al_sampler.enabled) {
         for (uint64_t i = 0; i < s.nsamples; i++)
             mark((void *)s.samples[i].addr, false);
-        memset(s.page_samples, 0, sizeof s.page_samples);
-        memset(_al_hot.sample_pages, 0, sizeof _al_hot.sample_pages);
         madvise(s.samples, (size_t)SAMPLES_CAP * sizeof(struct sample), MADV_DONTNEED);
         madvise(s.slots, sizeof(struct slot) << s.slot_bits, MADV_DONTNEED);
         madvise(_al_sampler.sites, (size_t)AL_SITES_MAX * sizeof(struct al_site), MADV_DONTNEED);
@@ -392,7 +388,6 @@ static void forget(struct sample *e, uint64_t now)
     st->life_cycles[_al_hist_bucket(life)]++;
     st->nlife++;
     mark((void *)e->addr, false);
-    page_sample((void *)e->addr, -1);
     erase(e);
 }
 
@@ -585,7 +580,6 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
         sl->idx = (uint32_t)s.nsamples;
         s.samples[s.nsamples++] = (struct sample){ (uintptr_t)p, id, size, now, objects, bytes };
         mark(p, true);
-        page_sample(p, 1);
         st->live_bytes += bytes;
         st->live_objects += objects;
         s.live_bytes += bytes;
