@@ -41,13 +41,45 @@ void _al_buf_putn(struct al_buf *b, const char *s, size_t n)
     b->data[b->len] = '\0';
 }
 
-void _al_buf_u64(struct al_buf *b, uint64_t v)
+/* V in decimal at D (room for 20 digits); returns the end. Written in place from its last
+ * digit back, two digits a division: every report lists the allocator's size classes, 8190
+ * of them for glibc, and formatting them was most of a short program's report. */
+static char *put_u64(char *d, uint64_t v)
 {
-    char tmp[20], *e = tmp + sizeof tmp, *d = e;
-    do
-        *--d = (char)('0' + v % 10);
-    while (v /= 10);
-    _al_buf_putn(b, d, (size_t)(e - d));
+    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                "8081828384858687888990919293949596979899";
+    unsigned n = 1; /* digits: one more for each power of ten up to V */
+    for (uint64_t p = 10; n < 20 && v >= p; p *= 10)
+        n++;
+    char *e = d + n;
+    while (v >= 100) {
+        e -= 2;
+        memcpy(e, pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10)
+        memcpy(e - 2, pairs + 2 * v, 2);
+    else
+        e[-1] = (char)('0' + v);
+    return d + n;
+}
+
+void _al_buf_u64_list(struct al_buf *b, const uint64_t *v, size_t n)
+{
+    /* Room for all of it at once, not a check and a copy per number. */
+    if (!n || !grow(b, n * 22))
+        return;
+    char *d = b->data + b->len;
+    for (size_t i = 0; i < n; i++) {
+        if (i) {
+            *d++ = ',';
+            *d++ = ' ';
+        }
+        d = put_u64(d, v[i]);
+    }
+    b->len = (size_t)(d - b->data);
+    b->data[b->len] = '\0';
 }
 
 void _al_buf_puts(struct al_buf *b, const char *s)

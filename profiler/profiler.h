@@ -250,7 +250,7 @@ struct al_buf {
 
 void _al_buf_putn(struct al_buf *b, const char *s, size_t n);
 void _al_buf_puts(struct al_buf *b, const char *s);
-void _al_buf_u64(struct al_buf *b, uint64_t v); /* in decimal; for long lists, without printf */
+void _al_buf_u64_list(struct al_buf *b, const uint64_t *v, size_t n); /* decimal, ", "-separated */
 void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
 void _al_buf_free(struct al_buf *b);

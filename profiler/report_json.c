@@ -64,11 +64,8 @@ static void allocator(struct al_buf *b, const struct al_report *r)
         _al_buf_puts(b, "null");
     _al_buf_printf(b, ", \"large_threshold\": %llu, \"large_threshold_source\": \"%s\",\n    \"size_classes\": [",
                    (unsigned long long)r->large_threshold, a->threshold_source ? a->threshold_source : "default");
-    for (uint32_t i = 0; c && i < c->nclasses; i++) {
-        if (i)
-            _al_buf_putn(b, ", ", 2);
-        _al_buf_u64(b, c->classes[i]);
-    }
+    if (c)
+        _al_buf_u64_list(b, c->classes, c->nclasses);
     _al_buf_puts(b, "],\n    \"config\": { \"available\": ");
     if (c) {
         _al_buf_printf(b, "true, \"page_size\": %llu, \"path\": ", (unsigned long long)c->page_size);

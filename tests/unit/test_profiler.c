@@ -299,12 +299,22 @@ END_TEST
 START_TEST(buf_u64_decimal)
 {
     struct al_buf b = { 0 };
-    const uint64_t v[] = { 0, 7, 10, 4096, 18446744073709551615ull };
-    for (unsigned i = 0; i < sizeof v / sizeof *v; i++) {
-        _al_buf_u64(&b, v[i]);
-        _al_buf_puts(&b, " ");
-    }
-    ck_assert_str_eq(b.data, "0 7 10 4096 18446744073709551615 ");
+    const uint64_t v[] = { 0, 7, 10, 99, 100, 4096, 10000000000000000000ull, 18446744073709551615ull };
+    _al_buf_puts(&b, "[");
+    _al_buf_u64_list(&b, v, 0); /* nothing */
+    _al_buf_u64_list(&b, v, sizeof v / sizeof *v);
+    _al_buf_puts(&b, "]");
+    ck_assert_str_eq(b.data, "[0, 7, 10, 99, 100, 4096, 10000000000000000000, 18446744073709551615]");
+    /* A list longer than the buffer's first size (128 KiB): grown once, to fit it all. */
+    enum { N = 20000 };
+    static uint64_t big[N];
+    for (unsigned i = 0; i < N; i++)
+        big[i] = 10000000000000000000ull + i;
+    size_t before = b.len;
+    _al_buf_u64_list(&b, big, N);
+    ck_assert(!b.failed);
+    ck_assert_uint_eq(b.len - before, N * 20 + (N - 1) * 2);
+    ck_assert(memcmp(b.data + b.len - 20, "10000000000000019999", 20) == 0);
     _al_buf_free(&b);
 }
 END_TEST
