@@ -90,6 +90,18 @@ def status(rc, err, secs):
     return f"exit status {rc} after {secs:.1f} s; stderr:\n{err[-1500:]}"
 
 
+def class_field(field):
+    """The classes of one size_classes field: N, or the run FIRST..LAST/STEP."""
+    if ".." not in field:
+        return [int(field)]
+    first, rest = field.split("..")
+    last, step = rest.split("/")
+    first, last, step = int(first), int(last), int(step)
+    if step <= 0 or last <= first or (last - first) % step:
+        raise ValueError(field)
+    return list(range(first, last + 1, step))
+
+
 def parse_config(text):
     """The config as {key: value} (size_classes: list of int); raises ValueError with LINE."""
     lines = text.splitlines()
@@ -104,9 +116,9 @@ def parse_config(text):
         key, value = parts[0], (parts[1].strip() if len(parts) > 1 else "")
         if key == "size_classes":
             try:
-                classes += [int(v) for v in value.split()]
+                classes += [c for field in value.split() for c in class_field(field)]
             except ValueError:
-                raise ValueError(f"line {no}: size_classes: not integers: {value!r}")
+                raise ValueError(f"line {no}: size_classes: not classes: {value!r}")
             conf["size_classes"] = classes
         elif key in SINGLE_KEYS:
             if key in conf:

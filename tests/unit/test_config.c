@@ -346,6 +346,39 @@ START_TEST(parse_limits)
 }
 END_TEST
 
+/* A run FIRST..LAST/STEP stands for its classes, among single ones, on any line. */
+START_TEST(parse_class_runs)
+{
+#define HEAD "alloclens-config 1\nallocator /l.so\nidentity 1 2 3 4\nstyle sequential\npage_size 4096\n"
+    ck_assert_int_eq(parse_str(HEAD "large_threshold 97\nsize_classes 8 16..64/16 72\nsize_classes 80..96/8\n"), 0);
+    static const uint64_t want[] = { 8, 16, 32, 48, 64, 72, 80, 88, 96 };
+    ck_assert_uint_eq(cfg.nclasses, sizeof want / sizeof *want);
+    for (unsigned i = 0; i < cfg.nclasses; i++)
+        ck_assert_uint_eq(cfg.classes[i], want[i]);
+    /* the largest run there may be: every class there is room for */
+    char t[256];
+    snprintf(t, sizeof t, HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES);
+    ck_assert_int_eq(parse_str(t), 0);
+    ck_assert_uint_eq(cfg.nclasses, AL_CONFIG_MAX_CLASSES);
+    ck_assert_uint_eq(cfg.classes[AL_CONFIG_MAX_CLASSES - 1], AL_CONFIG_MAX_CLASSES);
+
+    expect_error(HEAD "large_threshold 9\nsize_classes 8..64\n", 7, "8..64: expected /STEP after a run");
+    expect_error(HEAD "large_threshold 9\nsize_classes 8..64/0\n", 7, "8..64/0: not a run");
+    expect_error(HEAD "large_threshold 9\nsize_classes 64..8/8\n", 7, "64..8/8: not a run");
+    expect_error(HEAD "large_threshold 9\nsize_classes 8..8/8\n", 7, "8..8/8: not a run");
+    expect_error(HEAD "large_threshold 9\nsize_classes 8..60/16\n", 7, "8..60/16: not a run");
+    expect_error(HEAD "large_threshold 9\nsize_classes 8..\n", 7, "size_classes: expected a decimal number");
+    expect_error(HEAD "large_threshold 9\nsize_classes 8..64/8x\n", 7, "'x' after a number");
+    expect_error(HEAD "large_threshold 9\nsize_classes 8.64\n", 7, "'.' after a number");
+    expect_error(HEAD "large_threshold 9\nsize_classes 8 8..64/8\n", 7, "8 is not above the class before it");
+    expect_error(HEAD "large_threshold 9\nsize_classes 0..64/8\n", 7, "a class of 0 bytes");
+    snprintf(t, sizeof t, HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES + 1);
+    expect_error(t, 7, "more than 16384 classes");
+    expect_error(HEAD "large_threshold 9\nsize_classes 1..99999999999999999999/1\n", 7, "number too large");
+#undef HEAD
+}
+END_TEST
+
 /* format -> parse -> same config, and the same text again. */
 static void check_roundtrip(const struct al_alloc_config *c)
 {
@@ -396,6 +429,20 @@ START_TEST(format_roundtrip)
     fill_classes(&c, 24, 16, 131048);
     strcpy(c.confidence, "every boundary seen in 3 of 3 runs");
     check_roundtrip(&c);
+    ck_assert_msg(strstr(text, "\nsize_classes 24..131048/16\n") != NULL, "not one run:\n%.600s", text);
+
+    /* runs of 32 evenly spaced classes or more are written as runs, shorter ones class by class */
+    uint32_t n = 0;
+    for (uint64_t v = 8; v <= 128; v += 8) /* 16 classes */
+        c.classes[n++] = v;
+    for (uint64_t v = 200; v <= 200 + 31 * 32; v += 32) /* 32 */
+        c.classes[n++] = v;
+    c.classes[n++] = 4096;
+    c.nclasses = n;
+    c.large_threshold = 4097;
+    check_roundtrip(&c);
+    ck_assert_msg(strstr(text, "\nsize_classes 8 16 24 32 40 48 56 64 72 80 88 96 104 112 120 128\n"
+                               "size_classes 200..1192/32 4096\n") != NULL, "runs:\n%.600s", text);
 
     /* the extremes: every class, the largest numbers, a file from before 1970, no confidence */
     memset(&c, 0, sizeof c);
@@ -742,6 +789,7 @@ int main(void)
     tcase_add_test(tc, parse_layout_accepted);
     tcase_add_test(tc, parse_errors_lines);
     tcase_add_test(tc, parse_limits);
+    tcase_add_test(tc, parse_class_runs);
     tcase_add_test(tc, format_roundtrip);
     tcase_add_test(tc, load_files);
     tcase_add_test(tc, lookup_glibc);
