@@ -107,7 +107,30 @@ static bool is_denied(int e)
     return e == EACCES || e == EPERM;
 }
 
-/* Opens EV alone on this thread and closes it: 0 or an errno. Software events are counted
+/* The kernel turns on a software event kind's hooks as the first event of that kind in the
+ * system opens, and off as the last one closes, each time rewriting its code on every CPU
+ * (a static key: an interrupt to each CPU, expensive in a VM). Opened and closed one after
+ * the other, the probes below turned them on and off again for each event and for the group:
+ * each probe's event is held until init ends instead, so the group opens with the hooks on.
+ * (Nothing is kept past init: a program finds no descriptor of ours before its first call.) */
+static int held[AL_MAX_EVENTS + 1];
+static unsigned nheld;
+
+static void hold_probe(int fd)
+{
+    if (nheld < sizeof held / sizeof *held)
+        held[nheld++] = fd;
+    else
+        close(fd);
+}
+
+static void release_probes(void)
+{
+    while (nheld)
+        close(held[--nheld]);
+}
+
+/* Opens EV alone on this thread and holds it until init ends: 0 or an errno. Software events are counted
  * kernel side too (a page fault is taken in the kernel); where perf_event_paranoid forbids
  * that, they fall back to user-mode only and *USER_ONLY says so. */
 static int probe(struct al_event *ev, bool *user_only)
@@ -125,7 +148,7 @@ static int probe(struct al_event *ev, bool *user_only)
     }
     if (fd < 0)
         return errno ? errno : EINVAL;
-    close((int)fd);
+    hold_probe((int)fd);
     ev->attr.exclude_kernel = a.exclude_kernel;
     return 0;
 }
@@ -336,6 +359,7 @@ void _al_counters_init(const char *events, unsigned sample_every, const char *re
         _al_log("%s is not what 'alloclens run' writes there; event names resolved with libpfm4",
                 _al_options[AL_OPT_EVENT_ATTRS].env);
     counters_init(events, sample_every);
+    release_probes();
     _al_event_names_done();
 }
 
