@@ -17,6 +17,9 @@ plain/profiled run by run, and takes the median of each side:
   sqlite3                  an in-memory database: 300000 rows inserted, indexed, sorted and
                            grouped; the statements' CPU time as its .timer reports it
   redis                    redis-server under redis-benchmark; requests per second
+  sh: 200 programs         bench/spawn.sh: a shell starting 200 short programs one after the
+                           other (/bin/true, and sort), as scripts and builds do; wall time,
+                           so what each process costs to start, profile and report is in it
 
 "Plain" runs the program with the allocator preloaded alone (LD_PRELOAD=its path), so both
 sides use the same allocator; glibc needs no preload for our programs, but redis-server is
@@ -41,6 +44,7 @@ Standard library only.
 """
 import argparse
 import ctypes.util
+import glob
 import json
 import os
 import re
@@ -71,7 +75,7 @@ TARGET_SHADOW_PCT = 15.0      # shadow table + object records, % of the plain pe
 REDIS_TESTS = "set,get,incr,lpush,lpop"
 
 # Expected relative length of each workload's runs, for sharing out the time budget.
-W_MT, W_1T, W_PAIR, W_PY, W_SQL, W_REDIS = 1.0, 0.7, 0.5, 1.5, 1.2, 6.0
+W_MT, W_1T, W_PAIR, W_PY, W_SQL, W_SPAWN, W_REDIS = 1.0, 0.7, 0.5, 1.5, 1.2, 1.0, 6.0
 
 
 def log(msg):
@@ -182,7 +186,9 @@ class Bench:
         self.subreaper = set_subreaper()
 
     def profiled_argv(self, alloc, cmd, extra=None):
-        for p in (self.json_path, self.text_path):
+        # The last run's reports, its side reports (report.PID.json, one per other process) too.
+        stem = self.json_path[:-len(".json")]
+        for p in [self.json_path, self.text_path] + glob.glob(glob.escape(stem) + ".*.json"):
             if os.path.exists(p):
                 os.unlink(p)
         return [self.cli, "run", "-a", alloc, "-o", self.json_path, "--text", self.text_path,
@@ -478,11 +484,11 @@ def sqlite_fields(out):
     return {"cpu_ns": str(round(sum(float(u) + float(s) for u, s in times) * 1e9))} if times else {}
 
 
-def bench_program(b, name, path, workload, cmd, parse=None):
+def bench_program(b, name, path, workload, cmd, parse=None, field="cpu_ns"):
     """A real program's own work, in CPU time (its cpu_ns: a machine shared with other work
-    stretches wall time far more than CPU time), plain and profiled; peak RSS and the
+    stretches wall time far more than CPU time) or FIELD, plain and profiled; peak RSS and the
     profiler's memory as for malloc_bench."""
-    p, q, err, mem = alternate_measured(b, name, path, cmd, workload, f"{name} {workload}", "cpu_ns",
+    p, q, err, mem = alternate_measured(b, name, path, cmd, workload, f"{name} {workload}", field,
                                         parse)
     row = {"allocator": name, "workload": workload, "unit": "ms", "kind": "time",
            "error": err, "notes": []}
@@ -737,7 +743,7 @@ def main():
                     "--baseline-args \"--events off --syscalls 0\"")
     ap.add_argument("--skip-redis", action="store_true", help="leave out the redis workload")
     ap.add_argument("--skip-programs", action="store_true",
-                    help="leave out the python3 and sqlite3 workloads")
+                    help="leave out the python3, sqlite3 and sh workloads")
     ap.add_argument("--quick", action="store_true",
                     help="3 runs, shorter workloads (a rough figure in about a quarter of "
                     "the time)")
@@ -798,7 +804,8 @@ def main():
         return 2
 
     py_workload = os.path.join(os.path.dirname(os.path.abspath(__file__)), "py_workload.py")
-    programs = {t: shutil.which(t) for t in ("python3", "sqlite3")}
+    spawn = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawn.sh")
+    programs = {t: shutil.which(t) for t in ("python3", "sqlite3", "sh")}
     programs_note = None
     if not args.skip_programs and not all(programs.values()):
         programs_note = ("not found, left out: " +
@@ -820,7 +827,7 @@ def main():
     # of an unbounded wait (at least one pair per workload).
     budget = args.max_minutes * 60.0
     per_alloc = (W_MT + W_1T + W_PAIR + (0 if args.skip_redis else W_REDIS)
-                 + (0 if args.skip_programs else W_PY + W_SQL))
+                 + (0 if args.skip_programs else W_PY + W_SQL + W_SPAWN))
     total_weight = per_alloc * len(allocs)
     done_weight = 0.0
     with tempfile.TemporaryDirectory(prefix="alloclens-bench-") as tmpdir:
@@ -865,6 +872,9 @@ def main():
                     ("sqlite3", W_SQL, lambda: bench_program(
                         b, name, path, "sqlite3",
                         [programs["sqlite3"], ":memory:", f".read {sql}"], sqlite_fields)),
+                    ("sh", W_SPAWN, lambda: bench_program(
+                        b, name, path, "sh: 200 programs", [programs["sh"], spawn, "200"],
+                        field="elapsed_ns")),
                     ("redis (req/s)", W_REDIS, lambda: bench_redis(b, tools, name, path))):
                 if workload.startswith("redis") and args.skip_redis:
                     continue
@@ -920,8 +930,9 @@ def main():
     if not args.skip_programs:
         print("python3: the CPU time (user + system) of bench/py_workload.py's own work; sqlite3: "
               f"the sum of its statements' CPU times (.timer) on {SQLITE_ROWS} rows in memory; "
-              "start-up and the report at exit are in neither." +
-              (f" {programs_note}" if programs_note else ""))
+              "start-up and the report at exit are in neither. sh: the wall time of "
+              "bench/spawn.sh starting 200 programs, each profiled from its start to its "
+              "report." + (f" {programs_note}" if programs_note else ""))
     if not args.skip_redis:
         pinned = ("" if args.no_pin or ncpus < 2 else
                   "; server and client pinned to separate CPUs")
