@@ -8,15 +8,19 @@
  * the process at the allocator's next system call. The waits that take a mask of their own
  * (sigsuspend, sigpause, pselect, ppoll, epoll_pwait) run the handlers of the signals they let
  * in with it: SIGSYS is taken out of it, as out of every other mask the program sets.
+ * So do setcontext and swapcontext, with the mask of the context they switch to (a coroutine
+ * library may give its contexts every signal blocked).
  * One difference: SIG_ERR as a disposition is refused (EINVAL) by sigset too, not only by
  * signal and sysv_signal. Not covered: sigvec (a compatibility symbol no program can link
- * against now) and setcontext's mask. */
+ * against now), and the context of uc_link, which the C library switches to itself when a
+ * makecontext function returns. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <ucontext.h>
 
 #include "interpose.h"
 
@@ -26,6 +30,8 @@ static int (*real_ppoll)(struct pollfd *, nfds_t, const struct timespec *, const
 static int (*real_ppoll_chk)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *, size_t);
 static int (*real_epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
 static int (*real_epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
+static int (*real_setcontext)(const ucontext_t *);
+static int (*real_swapcontext)(ucontext_t *, const ucontext_t *);
 
 void _al_signal_compat_resolve(void)
 {
@@ -35,6 +41,8 @@ void _al_signal_compat_resolve(void)
     real_ppoll_chk = (__typeof__(real_ppoll_chk))dlsym(RTLD_NEXT, "__ppoll_chk");
     real_epoll_pwait = (__typeof__(real_epoll_pwait))dlsym(RTLD_NEXT, "epoll_pwait");
     real_epoll_pwait2 = (__typeof__(real_epoll_pwait2))dlsym(RTLD_NEXT, "epoll_pwait2");
+    real_setcontext = (__typeof__(real_setcontext))dlsym(RTLD_NEXT, "setcontext");
+    real_swapcontext = (__typeof__(real_swapcontext))dlsym(RTLD_NEXT, "swapcontext");
 }
 
 /* ---- dispositions -------------------------------------------------------------------------- */
@@ -269,4 +277,33 @@ AL_EXPORT int epoll_pwait2(int fd, struct epoll_event *ev, int max, const struct
     }
     sigset_t copy;
     return real_epoll_pwait2(fd, ev, max, timeout, _al_signals_deliverable(SIG_SETMASK, mask, &copy));
+}
+
+/* ---- contexts -------------------------------------------------------------------------------- */
+
+/* UCP as it may be switched to: where its mask blocks SIGSYS while system calls are
+ * dispatched, a copy without, in the thread's state rather than on this stack, which
+ * setcontext leaves before it has read all of the context. (A thread with no state has no
+ * dispatch on.) */
+static const ucontext_t *deliverable_context(const ucontext_t *ucp)
+{
+    struct al_thread *t = _al_tls;
+    sigset_t mask;
+    if (!t || !ucp || _al_signals_deliverable(SIG_SETMASK, &ucp->uc_sigmask, &mask) == &ucp->uc_sigmask)
+        return ucp;
+    t->context = *ucp; /* its FP state pointer still points into UCP, which is read there */
+    t->context.uc_sigmask = mask;
+    return &t->context;
+}
+
+AL_EXPORT int setcontext(const ucontext_t *ucp)
+{
+    resolved();
+    return real_setcontext(deliverable_context(ucp));
+}
+
+AL_EXPORT int swapcontext(ucontext_t *oucp, const ucontext_t *ucp)
+{
+    resolved();
+    return real_swapcontext(oucp, deliverable_context(ucp));
 }

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <ucontext.h>
 
 #include "alloc_config.h"
 #include "counters.h"
@@ -486,6 +487,8 @@ struct al_thread {
     bool dispatching; /* syscall user dispatch is on for this thread (reads sud_selector) */
     struct al_thread *next;
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
+    ucontext_t context;      /* the one setcontext or swapcontext is given, less SIGSYS in its
+                                mask (signal_compat.c) */
 };
 
 _Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row) <= 4096 &&

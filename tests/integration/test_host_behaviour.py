@@ -207,6 +207,8 @@ CASES = [
     case("the C library's older signal calls (sigset, sysv_signal, sighold, sigblock...); "
          "handlers that allocate inside sigsuspend, pselect, ppoll, epoll_pwait with every "
          "other signal masked", "host_signals", ["legacy"]),
+    case("coroutines whose contexts block every signal (swapcontext, setcontext) allocate",
+         "host_signals", ["contexts"]),
     case("a SIGCHLD handler sees no child of alloclens", "host_signals", ["sigchld"],
          check=check_sigchld),
     case("dlopen/dlclose plugin", "host_dlopen", ["@plugin"]),

@@ -36,6 +36,10 @@
  *                 handler that allocates runs inside sigsuspend, sigpause, pselect, ppoll and
  *                 epoll_pwait, each given every signal but SIGUSR1 as its mask; then a one-shot SIGTERM
  *                 handler set by sysv_signal runs once and raises SIGTERM again: dies by SIGTERM
+ *   contexts      a coroutine (makecontext) whose context has every signal blocked, as some
+ *                 coroutine libraries make theirs, entered with swapcontext three times and
+ *                 left with swapcontext and with setcontext, allocates mapped blocks (system
+ *                 calls) in it; prints the mask it ran with and the one main has back; exits 0
  *   sigchld       a SIGCHLD handler that writes a line for each signal; allocates enough for
  *                 sampled sites (whose names the report finds at exit), starts no child and
  *                 returns 0: no line may appear */
@@ -52,6 +56,7 @@
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t alarms, usr1s;
@@ -181,6 +186,40 @@ static void big_blocks(void)
 }
 
 static const char *blocked(int sig);
+
+static ucontext_t main_context, co_context;
+
+static void coroutine(void)
+{
+    for (int round = 0; round < 3; round++) {
+        big_blocks();
+        printf("contexts: coroutine round %d: SIGTERM %s, SIGUSR1 %s\n", round, blocked(SIGTERM),
+               blocked(SIGUSR1));
+        if (round < 2) {
+            swapcontext(&co_context, &main_context);
+        } else {
+            fflush(stdout);
+            setcontext(&main_context);
+        }
+    }
+}
+
+static int contexts(void)
+{
+    static char stack[256 << 10];
+    getcontext(&co_context);
+    co_context.uc_stack.ss_sp = stack;
+    co_context.uc_stack.ss_size = sizeof stack;
+    co_context.uc_link = NULL;
+    sigfillset(&co_context.uc_sigmask);
+    makecontext(&co_context, coroutine, 0);
+    for (int i = 0; i < 3; i++) {
+        swapcontext(&main_context, &co_context);
+        big_blocks();
+        printf("contexts: main after round %d: SIGTERM %s\n", i, blocked(SIGTERM));
+    }
+    return 0;
+}
 
 static void on_term_sysv(int sig)
 {
@@ -583,6 +622,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "legacy"))
         return legacy();
+    if (!strcmp(mode, "contexts"))
+        return contexts();
     if (!strcmp(mode, "sigchld")) {
         install(SIGCHLD, on_chld, SA_RESTART);
         static void *keep[256];
