@@ -362,19 +362,28 @@ START_TEST(parse_class_runs)
     ck_assert_uint_eq(cfg.nclasses, AL_CONFIG_MAX_CLASSES);
     ck_assert_uint_eq(cfg.classes[AL_CONFIG_MAX_CLASSES - 1], AL_CONFIG_MAX_CLASSES);
 
-    expect_error(HEAD "large_threshold 9\nsize_classes 8..64\n", 7, "8..64: expected /STEP after a run");
-    expect_error(HEAD "large_threshold 9\nsize_classes 8..64/0\n", 7, "8..64/0: not a run");
-    expect_error(HEAD "large_threshold 9\nsize_classes 64..8/8\n", 7, "64..8/8: not a run");
-    expect_error(HEAD "large_threshold 9\nsize_classes 8..8/8\n", 7, "8..8/8: not a run");
-    expect_error(HEAD "large_threshold 9\nsize_classes 8..60/16\n", 7, "8..60/16: not a run");
-    expect_error(HEAD "large_threshold 9\nsize_classes 8..\n", 7, "size_classes: expected a decimal number");
-    expect_error(HEAD "large_threshold 9\nsize_classes 8..64/8x\n", 7, "'x' after a number");
-    expect_error(HEAD "large_threshold 9\nsize_classes 8.64\n", 7, "'.' after a number");
-    expect_error(HEAD "large_threshold 9\nsize_classes 8 8..64/8\n", 7, "8 is not above the class before it");
-    expect_error(HEAD "large_threshold 9\nsize_classes 0..64/8\n", 7, "a class of 0 bytes");
+    /* malformed runs, and runs against the rules for any class (all on line 7) */
+    static const struct {
+        const char *classes, *what;
+    } bad[] = {
+        { "8..64", "8..64: expected /STEP after a run" },
+        { "8..64/0", "8..64/0: not a run" },
+        { "64..8/8", "64..8/8: not a run" },
+        { "8..8/8", "8..8/8: not a run" },
+        { "8..60/16", "8..60/16: not a run" },
+        { "8..", "size_classes: expected a decimal number" },
+        { "8..64/8x", "'x' after a number" },
+        { "8.64", "'.' after a number" },
+        { "8 8..64/8", "8 is not above the class before it" },
+        { "0..64/8", "a class of 0 bytes" },
+        { "1..99999999999999999999/1", "number too large" },
+    };
+    for (unsigned i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(t, sizeof t, HEAD "large_threshold 9\nsize_classes %s\n", bad[i].classes);
+        expect_error(t, 7, bad[i].what);
+    }
     snprintf(t, sizeof t, HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES + 1);
     expect_error(t, 7, "more than 16384 classes");
-    expect_error(HEAD "large_threshold 9\nsize_classes 1..99999999999999999999/1\n", 7, "number too large");
 #undef HEAD
 }
 END_TEST
