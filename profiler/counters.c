@@ -111,7 +111,8 @@ static bool is_denied(int e)
  * system opens, and off as the last one closes, each time rewriting its code on every CPU
  * (a static key: an interrupt to each CPU, expensive in a VM). Opened and closed one after
  * the other, the probes below turned them on and off again for each event and for the group:
- * each probe's event is held until init ends instead, so the group opens with the hooks on.
+ * each probe's software event is held until init ends instead, so the group opens with the
+ * hooks on.
  * (Nothing is kept past init: a program finds no descriptor of ours before its first call.) */
 static int held[AL_MAX_EVENTS + 1];
 static unsigned nheld;
@@ -130,7 +131,8 @@ static void release_probes(void)
         close(held[--nheld]);
 }
 
-/* Opens EV alone on this thread and holds it until init ends: 0 or an errno. Software events are counted
+/* Opens EV alone on this thread, holding it until init ends if it is a software event: 0 or
+ * an errno. Software events are counted
  * kernel side too (a page fault is taken in the kernel); where perf_event_paranoid forbids
  * that, they fall back to user-mode only and *USER_ONLY says so. */
 static int probe(struct al_event *ev, bool *user_only)
@@ -148,7 +150,12 @@ static int probe(struct al_event *ev, bool *user_only)
     }
     if (fd < 0)
         return errno ? errno : EINVAL;
-    hold_probe((int)fd);
+    /* A hardware event switches no hooks, and held, one of a PMU that takes a single event
+     * at a time (intel_pt) would have the group's refused. */
+    if (is_software(&a))
+        hold_probe((int)fd);
+    else
+        close((int)fd);
     ev->attr.exclude_kernel = a.exclude_kernel;
     return 0;
 }
