@@ -283,27 +283,46 @@ AL_EXPORT int epoll_pwait2(int fd, struct epoll_event *ev, int max, const struct
 
 /* UCP as it may be switched to: where its mask blocks SIGSYS while system calls are
  * dispatched, a copy without, in the thread's state rather than on this stack, which
- * setcontext leaves before it has read all of the context. (A thread with no state has no
- * dispatch on.) */
+ * setcontext leaves before it has read all of the context. The C library reads the copy until
+ * its last register is loaded, after the new mask lets signals in: a handler that switches
+ * contexts itself there (a preemptive scheduler's SIGALRM) takes the next of the thread's
+ * slots, not this one. (A thread with no state has no dispatch on.) */
 static const ucontext_t *deliverable_context(const ucontext_t *ucp)
 {
     struct al_thread *t = _al_tls;
     sigset_t mask;
     if (!t || !ucp || _al_signals_deliverable(SIG_SETMASK, &ucp->uc_sigmask, &mask) == &ucp->uc_sigmask)
         return ucp;
-    t->context = *ucp; /* its FP state pointer still points into UCP, which is read there */
-    t->context.uc_sigmask = mask;
-    return &t->context;
+    ucontext_t *c = &t->contexts[t->next_context++ % AL_CONTEXT_SLOTS];
+    *c = *ucp; /* its FP state pointer still points into UCP, which is read there */
+    c->uc_sigmask = mask;
+    return c;
+}
+
+static void contexts_resolved(void)
+{
+    if (AL_UNLIKELY(!real_setcontext || !real_swapcontext))
+        _al_signal_compat_resolve();
 }
 
 AL_EXPORT int setcontext(const ucontext_t *ucp)
 {
-    resolved();
+    contexts_resolved();
     return real_setcontext(deliverable_context(ucp));
 }
 
 AL_EXPORT int swapcontext(ucontext_t *oucp, const ucontext_t *ucp)
 {
-    resolved();
+    contexts_resolved();
+    /* Into itself: the C library saves the registers into OUCP, sets the mask it reads from
+     * UCP while the old one is written over it, and loads the registers just saved. A copy
+     * would be loaded instead; the mask, the one field read before it is written, is taken
+     * out of SIGSYS where it is. */
+    if (oucp == ucp && oucp) {
+        sigset_t mask;
+        if (_al_tls && _al_signals_deliverable(SIG_SETMASK, &oucp->uc_sigmask, &mask) != &oucp->uc_sigmask)
+            oucp->uc_sigmask = mask;
+        return real_swapcontext(oucp, oucp);
+    }
     return real_swapcontext(oucp, deliverable_context(ucp));
 }

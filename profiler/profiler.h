@@ -461,6 +461,8 @@ extern struct al_lock_stats *_al_locks;
 
 /* The fields every call touches come first, on one cache line (the rows and histograms aside):
  * the rest is for the rare paths. */
+#define AL_CONTEXT_SLOTS 4
+
 struct al_thread {
     int busy;        /* inside an interposed call: nested calls are forwarded, not counted;
                         AL_BUSY_EXITING once the thread's exit callback has run */
@@ -487,8 +489,10 @@ struct al_thread {
     bool dispatching; /* syscall user dispatch is on for this thread (reads sud_selector) */
     struct al_thread *next;
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
-    ucontext_t context;      /* the one setcontext or swapcontext is given, less SIGSYS in its
-                                mask (signal_compat.c) */
+    /* The contexts setcontext and swapcontext were given, less SIGSYS in their masks, in turn
+     * (signal_compat.c); a page each is touched only once used. */
+    ucontext_t contexts[AL_CONTEXT_SLOTS];
+    unsigned next_context;
 };
 
 _Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row) <= 4096 &&

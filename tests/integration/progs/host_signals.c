@@ -39,7 +39,9 @@
  *   contexts      a coroutine (makecontext) whose context has every signal blocked, as some
  *                 coroutine libraries make theirs, entered with swapcontext three times and
  *                 left with swapcontext and with setcontext, allocates mapped blocks (system
- *                 calls) in it; prints the mask it ran with and the one main has back; exits 0
+ *                 calls) in it; prints the mask it ran with and the one main has back; then a
+ *                 swapcontext from a context into itself (its mask full before the call), and
+ *                 mapped blocks allocated with the mask it leaves; exits 0
  *   sigchld       a SIGCHLD handler that writes a line for each signal; allocates enough for
  *                 sampled sites (whose names the report finds at exit), starts no child and
  *                 returns 0: no line may appear */
@@ -218,6 +220,21 @@ static int contexts(void)
         big_blocks();
         printf("contexts: main after round %d: SIGTERM %s\n", i, blocked(SIGTERM));
     }
+    /* Into itself, from a context whose mask had every signal blocked: the registers are
+     * saved first, so the call just returns (a switch to the context as it was would loop
+     * here), with that mask; then allocate with it. */
+    static ucontext_t self;
+    static volatile int returns;
+    getcontext(&self);
+    if (++returns > 1) {
+        printf("contexts: swapcontext into itself resumed an older context\n");
+        return 1;
+    }
+    sigfillset(&self.uc_sigmask);
+    ucontext_t *volatile same = &self; /* the prototype says the two may not alias: glibc copes */
+    swapcontext(&self, same);
+    big_blocks();
+    printf("contexts: swapcontext into itself returned; SIGTERM %s\n", blocked(SIGTERM));
     return 0;
 }
 
