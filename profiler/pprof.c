@@ -6,7 +6,12 @@
  * symbolizer in report_sites.c does). The message is encoded by hand into mmap'd buffers (struct al_buf), strings,
  * functions and locations are deduplicated through open-addressing tables in mmap'd memory, and
  * zlib allocates from an mmap'd bump region given back at the end. Stack use stays small (the
- * report may be written on a PTHREAD_STACK_MIN stack). */
+ * report may be written on a PTHREAD_STACK_MIN stack).
+ *
+ * zlib and libelf are opened (_al_pprof_libs_open) only in a process that writes a profile,
+ * and there at start-up, not when the report is written (which may be from a signal that
+ * interrupted the dynamic loader): linked, they were loaded into every profiled process. */
+#include <dlfcn.h>
 #include <gelf.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -412,6 +417,66 @@ static void pp_free(struct pp *w)
     table_free(&w->tloc);
 }
 
+/* ---- zlib and libelf, opened where a profile is written ---------------------------------- */
+
+static struct {
+    bool tried, ok;
+    char why[200];
+    __typeof__(deflateInit2_) *deflate_init2;
+    __typeof__(deflate) *deflate;
+    __typeof__(deflateEnd) *deflate_end;
+    __typeof__(elf_version) *elf_version;
+    __typeof__(elf_begin) *elf_begin;
+    __typeof__(elf_kind) *elf_kind;
+    __typeof__(elf_end) *elf_end;
+    __typeof__(elf_getphdrnum) *elf_getphdrnum;
+    __typeof__(elf_getdata_rawchunk) *elf_getdata_rawchunk;
+    __typeof__(elf_nextscn) *elf_nextscn;
+    __typeof__(elf_getdata) *elf_getdata;
+    __typeof__(gelf_getphdr) *gelf_getphdr;
+    __typeof__(gelf_getshdr) *gelf_getshdr;
+    __typeof__(gelf_getnote) *gelf_getnote;
+} lib;
+
+/* NAME of the library opened as HANDLE (SONAME; NULL: not opened, ERR says why) into *FN. */
+static bool find(void *handle, const char *soname, const char *err, const char *name, void *fn)
+{
+    void *p = handle ? dlsym(handle, name) : NULL;
+    if (!p && !lib.why[0]) {
+        if (handle)
+            snprintf(lib.why, sizeof lib.why, "%s lacks %s", soname, name);
+        else
+            snprintf(lib.why, sizeof lib.why, "%s cannot be loaded: %s", soname, err ? err : "not found");
+    }
+    memcpy(fn, &p, sizeof p);
+    return p != NULL;
+}
+
+bool _al_pprof_libs_open(void)
+{
+    if (lib.tried)
+        return lib.ok;
+    lib.tried = true;
+    static const char zso[] = "libz.so.1", eso[] = "libelf.so.1";
+    char zerr[160] = "", eerr[160] = "";
+    void *z = dlopen(zso, RTLD_NOW | RTLD_LOCAL);
+    if (!z)
+        snprintf(zerr, sizeof zerr, "%s", dlerror());
+    void *e = dlopen(eso, RTLD_NOW | RTLD_LOCAL);
+    if (!e)
+        snprintf(eerr, sizeof eerr, "%s", dlerror());
+#define Z(field, sym) find(z, zso, zerr, #sym, &lib.field)
+#define E(field, sym) find(e, eso, eerr, #sym, &lib.field)
+    lib.ok = Z(deflate_init2, deflateInit2_) & Z(deflate, deflate) & Z(deflate_end, deflateEnd) &
+             E(elf_version, elf_version) & E(elf_begin, elf_begin) & E(elf_kind, elf_kind) & E(elf_end, elf_end) &
+             E(elf_getphdrnum, elf_getphdrnum) & E(elf_getdata_rawchunk, elf_getdata_rawchunk) &
+             E(elf_nextscn, elf_nextscn) & E(elf_getdata, elf_getdata) & E(gelf_getphdr, gelf_getphdr) &
+             E(gelf_getshdr, gelf_getshdr) & E(gelf_getnote, gelf_getnote);
+#undef Z
+#undef E
+    return lib.ok;
+}
+
 /* ---- gzip through zlib, with mmap'd memory ------------------------------------------------ */
 
 /* deflate at windowBits 15, memLevel 8 asks for about 270 KiB in a handful of blocks, all
@@ -455,7 +520,8 @@ static int gzip_to_fd(int fd, const char *data, size_t len, const char **why)
     zs.zalloc = z_alloc;
     zs.zfree = z_free;
     zs.opaque = &r;
-    int rc = deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
+    int rc = lib.deflate_init2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY,
+                               ZLIB_VERSION, (int)sizeof zs);
     if (rc != Z_OK) {
         _al_mem_unmap(r.base, Z_REGION);
         return rc == Z_MEM_ERROR ? -ENOMEM : -EINVAL;
@@ -473,7 +539,7 @@ static int gzip_to_fd(int fd, const char *data, size_t len, const char **why)
         }
         zs.next_out = chunk;
         zs.avail_out = Z_CHUNK;
-        zr = deflate(&zs, off == len ? Z_FINISH : Z_NO_FLUSH);
+        zr = lib.deflate(&zs, off == len ? Z_FINISH : Z_NO_FLUSH);
         if (zr == Z_STREAM_ERROR || (zr == Z_BUF_ERROR && zs.avail_out == Z_CHUNK)) {
             *why = zs.msg ? zs.msg : "compression failed";
             ret = -EIO;
@@ -481,7 +547,7 @@ static int gzip_to_fd(int fd, const char *data, size_t len, const char **why)
         }
         ret = _al_write_all(fd, chunk, Z_CHUNK - zs.avail_out);
     } while (ret == 0 && zr != Z_STREAM_END);
-    deflateEnd(&zs);
+    lib.deflate_end(&zs);
     _al_mem_unmap(r.base, Z_REGION);
     return ret;
 }
@@ -503,6 +569,8 @@ int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *er
         return fail(err, errcap, path, -EINVAL, NULL);
     if ((p->nmappings && !p->mappings) || (p->nsamples && !p->samples))
         return fail(err, errcap, path, -EINVAL, "invalid profile");
+    if (!_al_pprof_libs_open())
+        return fail(err, errcap, path, -ENOSYS, lib.why);
     for (uint32_t i = 0; i < p->nsamples; i++)
         if (p->samples[i].nframes && !p->samples[i].frames)
             return fail(err, errcap, path, -EINVAL, "invalid profile");
@@ -547,7 +615,7 @@ static size_t note_build_id(Elf_Data *data, const unsigned char **id)
 {
     GElf_Nhdr nh;
     size_t off = 0, name_off, desc_off;
-    while (data && (off = gelf_getnote(data, off, &nh, &name_off, &desc_off)) > 0) {
+    while (data && (off = lib.gelf_getnote(data, off, &nh, &name_off, &desc_off)) > 0) {
         if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
             memcmp((const char *)data->d_buf + name_off, "GNU", 4) == 0 && nh.n_descsz > 0) {
             *id = (const unsigned char *)data->d_buf + desc_off;
@@ -562,20 +630,20 @@ static size_t note_build_id(Elf_Data *data, const unsigned char **id)
 static size_t gnu_build_id(Elf *elf, const unsigned char **id)
 {
     size_t nph = 0, n = 0;
-    if (elf_getphdrnum(elf, &nph) == 0) {
+    if (lib.elf_getphdrnum(elf, &nph) == 0) {
         for (size_t i = 0; i < nph && !n; i++) {
             GElf_Phdr ph;
-            if (gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_NOTE)
-                n = note_build_id(elf_getdata_rawchunk(elf, (int64_t)ph.p_offset, ph.p_filesz,
+            if (lib.gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_NOTE)
+                n = note_build_id(lib.elf_getdata_rawchunk(elf, (int64_t)ph.p_offset, ph.p_filesz,
                                                        ph.p_align == 8 ? ELF_T_NHDR8 : ELF_T_NHDR), id);
         }
         if (nph)
             return n;
     }
-    for (Elf_Scn *scn = NULL; !n && (scn = elf_nextscn(elf, scn));) {
+    for (Elf_Scn *scn = NULL; !n && (scn = lib.elf_nextscn(elf, scn));) {
         GElf_Shdr sh;
-        if (gelf_getshdr(scn, &sh) && sh.sh_type == SHT_NOTE)
-            n = note_build_id(elf_getdata(scn, NULL), id);
+        if (lib.gelf_getshdr(scn, &sh) && sh.sh_type == SHT_NOTE)
+            n = note_build_id(lib.elf_getdata(scn, NULL), id);
     }
     return n;
 }
@@ -587,6 +655,8 @@ int _al_build_id(const char *file, char *hex, size_t cap)
     if (!file || !hex || !cap)
         return -EINVAL;
     hex[0] = '\0';
+    if (!_al_pprof_libs_open())
+        return -ENOSYS;
     int fd = open(file, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
@@ -596,10 +666,10 @@ int _al_build_id(const char *file, char *hex, size_t cap)
         close(fd);
         return r;
     }
-    elf_version(EV_CURRENT);
-    Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
+    lib.elf_version(EV_CURRENT);
+    Elf *elf = lib.elf_begin(fd, ELF_C_READ_MMAP, NULL);
     const unsigned char *id;
-    if (elf && elf_kind(elf) == ELF_K_ELF) {
+    if (elf && lib.elf_kind(elf) == ELF_K_ELF) {
         size_t n = gnu_build_id(elf, &id);
         if (n == 0) {
             r = -ENOENT;
@@ -615,7 +685,7 @@ int _al_build_id(const char *file, char *hex, size_t cap)
         }
     }
     if (elf)
-        elf_end(elf);
+        lib.elf_end(elf);
     close(fd);
     return r;
 }

@@ -6,6 +6,7 @@
 #ifndef ALLOCLENS_PPROF_H
 #define ALLOCLENS_PPROF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,11 @@ struct al_pprof_profile {
     int64_t period;            /* the sampling rate in bytes */
     int64_t time_nanos, duration_nanos;
 };
+
+/* Opens zlib and libelf for the two below (once; whether they are there). Where a profile is
+ * to be written, at start-up: opening them as the report is written could be from a signal
+ * handler that interrupted the dynamic loader. */
+bool _al_pprof_libs_open(void);
 
 /* Writes P gzipped to PATH; 0, or a negative errno with a one-line reason in ERR. */
 int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *err, size_t errcap);

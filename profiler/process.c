@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pprof.h"
 #include "profiler.h"
 
 _Atomic int _al_state;
@@ -169,6 +170,10 @@ void _al_process_start(void)
         setenv(_al_options[AL_OPT_MAIN_PID].env, pid, 1);
         _al_settings.main_pid = getpid();
     }
+    /* The process that writes the pprof profile at its end opens zlib and libelf now (a
+     * failure is told with the profile). */
+    if (_al_settings.pprof && getpid() == _al_settings.main_pid)
+        _al_pprof_libs_open();
     _al_report_restart(true);
     _al_threads_phase_restart();
     on_exit(on_exit_report, NULL);
