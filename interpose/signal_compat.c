@@ -33,6 +33,8 @@ static int (*real_epoll_pwait2)(int, struct epoll_event *, int, const struct tim
 static int (*real_setcontext)(const ucontext_t *);
 static int (*real_swapcontext)(ucontext_t *, const ucontext_t *);
 
+static _Atomic bool resolved_all;
+
 void _al_signal_compat_resolve(void)
 {
     real_sigsuspend = (__typeof__(real_sigsuspend))dlsym(RTLD_NEXT, "sigsuspend");
@@ -43,6 +45,7 @@ void _al_signal_compat_resolve(void)
     real_epoll_pwait2 = (__typeof__(real_epoll_pwait2))dlsym(RTLD_NEXT, "epoll_pwait2");
     real_setcontext = (__typeof__(real_setcontext))dlsym(RTLD_NEXT, "setcontext");
     real_swapcontext = (__typeof__(real_swapcontext))dlsym(RTLD_NEXT, "swapcontext");
+    atomic_store_explicit(&resolved_all, true, memory_order_release);
 }
 
 /* ---- dispositions -------------------------------------------------------------------------- */
@@ -192,9 +195,10 @@ AL_EXPORT int sigsetmask(int mask)
 
 /* ---- waits with a mask of their own ----------------------------------------------------------- */
 
+/* Resolved at start-up (real.c); a call before that resolves them itself. */
 static void resolved(void)
 {
-    if (AL_UNLIKELY(!real_sigsuspend))
+    if (AL_UNLIKELY(!atomic_load_explicit(&resolved_all, memory_order_acquire)))
         _al_signal_compat_resolve();
 }
 
@@ -299,21 +303,15 @@ static const ucontext_t *deliverable_context(const ucontext_t *ucp)
     return c;
 }
 
-static void contexts_resolved(void)
-{
-    if (AL_UNLIKELY(!real_setcontext || !real_swapcontext))
-        _al_signal_compat_resolve();
-}
-
 AL_EXPORT int setcontext(const ucontext_t *ucp)
 {
-    contexts_resolved();
+    resolved();
     return real_setcontext(deliverable_context(ucp));
 }
 
 AL_EXPORT int swapcontext(ucontext_t *oucp, const ucontext_t *ucp)
 {
-    contexts_resolved();
+    resolved();
     /* Into itself: the C library saves the registers into OUCP, sets the mask it reads from
      * UCP while the old one is written over it, and loads the registers just saved. A copy
      * would be loaded instead; the mask, the one field read before it is written, is taken

@@ -55,6 +55,15 @@ static bool dispatching(void)
 static int set_action(int sig, const struct sigaction *act, struct sigaction *old);
 static void end_by_signal(int sig, siginfo_t *si, void *ctx);
 
+/* SIG unblocked on this thread. */
+static void unblock(int sig)
+{
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, sig);
+    real_pthread_sigmask(SIG_UNBLOCK, &only, NULL);
+}
+
 /* The program's handler for SIG, installed as this one where we must step in: while system
  * calls are dispatched (its handler runs with the selector open), and for a handler of an
  * ending signal that asks for the default back on the way in (SA_RESETHAND, as node's for
@@ -69,12 +78,8 @@ static void run_program_handler(int sig, siginfo_t *si, void *ctx)
         set_action(sig, &(struct sigaction){ .sa_handler = SIG_DFL }, NULL);
         /* Blocked until now (set_action) so that a second one waited for the default, as the
          * kernel's reset on delivery makes it: deliverable in the handler again if asked. */
-        if ((a.sa_flags & SA_NODEFER) && !sigismember(&a.sa_mask, sig)) {
-            sigset_t only;
-            sigemptyset(&only);
-            sigaddset(&only, sig);
-            real_pthread_sigmask(SIG_UNBLOCK, &only, NULL);
-        }
+        if ((a.sa_flags & SA_NODEFER) && !sigismember(&a.sa_mask, sig))
+            unblock(sig);
     }
     _al_signal_run(&a, sig, si, ctx);
 }
@@ -121,10 +126,7 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
     /* Another thread may be writing the report already (a second signal, or exit). */
     _al_report_wait_written(2000);
     put_default(sig);
-    sigset_t only;
-    sigemptyset(&only);
-    sigaddset(&only, sig);
-    real_pthread_sigmask(SIG_UNBLOCK, &only, NULL);
+    unblock(sig);
     raise(sig);
     for (;;) /* not reached: the default action of every signal here ends the process */
         syscall(SYS_exit_group, 128 + sig);

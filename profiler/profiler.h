@@ -459,10 +459,10 @@ struct al_held {
 
 extern struct al_lock_stats *_al_locks;
 
-/* The fields every call touches come first, on one cache line (the rows and histograms aside):
- * the rest is for the rare paths. */
 #define AL_CONTEXT_SLOTS 4
 
+/* The fields every call touches come first, on one cache line (the rows and histograms aside):
+ * the rest is for the rare paths. */
 struct al_thread {
     int busy;        /* inside an interposed call: nested calls are forwarded, not counted;
                         AL_BUSY_EXITING once the thread's exit callback has run */
@@ -490,7 +490,7 @@ struct al_thread {
     struct al_thread *next;
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */
     /* The contexts setcontext and swapcontext were given, less SIGSYS in their masks, in turn
-     * (signal_compat.c); a page each is touched only once used. */
+     * (signal_compat.c); their pages are touched only once used. */
     ucontext_t contexts[AL_CONTEXT_SLOTS];
     unsigned next_context;
 };
