@@ -803,8 +803,9 @@ def main():
         print("overhead.py: no allocators to measure", file=sys.stderr)
         return 2
 
-    py_workload = os.path.join(os.path.dirname(os.path.abspath(__file__)), "py_workload.py")
-    spawn = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawn.sh")
+    here = os.path.dirname(os.path.abspath(__file__))
+    py_workload = os.path.join(here, "py_workload.py")
+    spawn = os.path.join(here, "spawn.sh")
     programs = {t: shutil.which(t) for t in ("python3", "sqlite3", "sh")}
     programs_note = None
     if not args.skip_programs and not all(programs.values()):

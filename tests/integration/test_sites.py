@@ -287,13 +287,13 @@ def run_simulation(rounds):
 # ---------------------------------------------------------------- running
 
 
-def run(cmd, tmp, name, extra=(), env=None):
-    """(proc, report, truth or None, why or None)"""
+def run(cmd, tmp, name, extra=(), env=None, **kw):
+    """(proc, report, truth or None, why or None); KW goes to subprocess.run."""
     # meson test sets MALLOC_PERTURB_, and glibc then writes every byte it hands out: the pages
     # a program touches would no longer be its own doing.
     env = dict(os.environ if env is None else env)
     env.pop("MALLOC_PERTURB_", None)
-    kw = {"timeout": RUN_TIMEOUT, "env": env}
+    kw.update(timeout=RUN_TIMEOUT, env=env)
     try:
         proc, report = altest.run(ALLOC, cmd, tmp, name=name, extra=extra, **kw)
     except subprocess.TimeoutExpired:
@@ -372,14 +372,15 @@ def run_name(label, seed):
     return f"{label}-{seed}".replace(" ", "_")
 
 
-def run_series(tap, label, prog, args, rate, tmp, extra=()):
-    """20 seeds of PROG ARGS at RATE (None: the default), with the alloclens options EXTRA.
-    Returns ({seed: report}, truth) or (None, None) when the runs fail."""
+def run_series(tap, label, prog, args, rate, tmp, extra=(), seeds=SEEDS, **kw):
+    """A run of PROG ARGS at RATE (None: the default) for each of SEEDS, with the alloclens
+    options EXTRA (KW to subprocess.run). Returns ({seed: report}, truth) or (None, None) when
+    the runs fail."""
     extra = (*(() if rate is None else ("--sample-rate", str(rate))), *extra)
     reports, truth, whys = {}, None, []
-    for seed in SEEDS:
+    for seed in seeds:
         proc, report, tr, why = run([prog, *args], tmp, run_name(label, seed),
-                                    extra=(*extra, "--seed", str(seed)))
+                                    extra=(*extra, "--seed", str(seed)), **kw)
         if why:
             whys.append(f"seed {seed}: {why}")
             if len(whys) >= 2 and not reports:
@@ -387,9 +388,9 @@ def run_series(tap, label, prog, args, rate, tmp, extra=()):
             continue
         reports[seed] = report
         truth = tr["sites"]
-    if not tap.ok(not whys, f"{label}: {len(SEEDS)} runs with --seed 1..{len(SEEDS)} complete, "
+    if not tap.ok(not whys, f"{label}: {len(seeds)} runs with --seed {seeds[0]}..{seeds[-1]} complete, "
                   f"sites available", "\n".join(whys)):
-        if len(reports) < len(SEEDS):
+        if len(reports) < len(seeds):
             return None, None
     return reports, truth
 
@@ -397,46 +398,22 @@ def run_series(tap, label, prog, args, rate, tmp, extra=()):
 INHERITED_MIB = 256
 
 
-def run_inherited(prog, args, tmp, name, env_add):
-    """PROG ARGS exec'd by a python that touched INHERITED_MIB MiB first, with ENV_ADD (the
-    library and its variables) in the program's environment only: (report, truth, why)."""
-    out = os.path.join(tmp, f"{name}.json")
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_PERTURB_"}
-    code = ("import os, sys\n"
-            f"big = b'\\x01' * ({INHERITED_MIB} << 20)\n"
-            "env = dict(os.environ)\n"
-            "env.update(a.split('=', 1) for a in sys.argv[1:sys.argv.index('--')])\n"
-            "argv = sys.argv[sys.argv.index('--') + 1:]\n"
-            "os.execve(argv[0], argv, env)\n")
-    cmd = [sys.executable, "-c", code, *(f"{k}={v}" for k, v in env_add.items()),
-           f"ALLOCLENS_OUTPUT={out}", "ALLOCLENS_TEXT=off", "--", prog, *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, env=env, timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return None, None, f"no exit in {RUN_TIMEOUT} s"
-    if proc.returncode != 0 or not os.path.exists(out):
-        return None, None, (f"exit status {proc.returncode}, report {os.path.exists(out)}; "
-                            "stderr:\n" + proc.stderr.decode(errors="replace")[-2000:])
-    with open(out) as f:
-        report = json.load(f)
-    return report, json.loads(proc.stdout.decode())["sites"], None
+def touch_inherited():
+    """In the child before it execs `alloclens run`: a peak RSS that exec keeps (the kernel's
+    getrusage figure) and that the program's own never reaches."""
+    big = b"\x01" * (INHERITED_MIB << 20)
+    del big
 
 
 def check_inherited_peak(tap, prog, tmp):
     """The --churn checks of --mode sample, in a program whose getrusage peak is an earlier
     image's: only the image's own peak (VmHWM) can place the sites' peak at the end."""
     label = "churn --mode sample after exec from a larger image"
-    reports, truth, whys, peaks = {}, None, [], []
-    for seed in SEEDS[:5]:
-        rep, tr, why = run_inherited(prog, ["--churn"], tmp, run_name(label, seed), {
-            "LD_PRELOAD": altest.so(), "ALLOCLENS_MODE": "sample", "ALLOCLENS_SEED": str(seed)})
-        if why:
-            whys.append(f"seed {seed}: {why}")
-            continue
-        reports[seed], truth = rep, tr
-        peaks.append(num(rep.get("profiler", {}).get("process_peak_rss_bytes")))
-    if not tap.ok(not whys, f"{label}: 5 runs complete", "\n".join(whys)):
+    reports, truth = run_series(tap, label, prog, ["--churn"], None, tmp, ("--mode", "sample"),
+                                seeds=SEEDS[:5], preexec_fn=touch_inherited)
+    if reports is None:
         return
+    peaks = [num(rep.get("profiler", {}).get("process_peak_rss_bytes")) for rep in reports.values()]
     # The regime under test: the image's own peak far below the one exec kept.
     tap.ok(all(0 < p < (INHERITED_MIB << 20) / 2 for p in peaks),
            f"{label}: the program's own peak RSS is under half the inherited {INHERITED_MIB} MiB",

@@ -19,12 +19,16 @@ static struct al_alloc_config cfg, cfg2;
 static char err[1024];
 static char text[1 << 20], text2[1 << 20];
 
-#define BASE                                                                                \
+/* Every key but the threshold and the classes: five lines. */
+#define BASE_HEAD                                                                           \
     "alloclens-config 1\n"               /* 1 */                                           \
     "allocator /usr/lib/libfoo.so\n"     /* 2 */                                           \
     "identity 2049 1835122 751832 1667923200000000000\n" /* 3 */                           \
     "style bibop\n"                      /* 4 */                                           \
-    "page_size 4096\n"                   /* 5 */                                           \
+    "page_size 4096\n"                   /* 5 */
+
+#define BASE                                                                                \
+    BASE_HEAD                                                                               \
     "large_threshold 33\n"               /* 6 */                                           \
     "size_classes 8 16 32\n"             /* 7 */
 
@@ -349,15 +353,14 @@ END_TEST
 /* A run FIRST..LAST/STEP stands for its classes, among single ones, on any line. */
 START_TEST(parse_class_runs)
 {
-#define HEAD "alloclens-config 1\nallocator /l.so\nidentity 1 2 3 4\nstyle sequential\npage_size 4096\n"
-    ck_assert_int_eq(parse_str(HEAD "large_threshold 97\nsize_classes 8 16..64/16 72\nsize_classes 80..96/8\n"), 0);
+    ck_assert_int_eq(parse_str(BASE_HEAD "large_threshold 97\nsize_classes 8 16..64/16 72\nsize_classes 80..96/8\n"), 0);
     static const uint64_t want[] = { 8, 16, 32, 48, 64, 72, 80, 88, 96 };
     ck_assert_uint_eq(cfg.nclasses, sizeof want / sizeof *want);
     for (unsigned i = 0; i < cfg.nclasses; i++)
         ck_assert_uint_eq(cfg.classes[i], want[i]);
     /* the largest run there may be: every class there is room for */
     char t[256];
-    snprintf(t, sizeof t, HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES);
+    snprintf(t, sizeof t, BASE_HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES);
     ck_assert_int_eq(parse_str(t), 0);
     ck_assert_uint_eq(cfg.nclasses, AL_CONFIG_MAX_CLASSES);
     ck_assert_uint_eq(cfg.classes[AL_CONFIG_MAX_CLASSES - 1], AL_CONFIG_MAX_CLASSES);
@@ -379,12 +382,11 @@ START_TEST(parse_class_runs)
         { "1..99999999999999999999/1", "number too large" },
     };
     for (unsigned i = 0; i < sizeof bad / sizeof *bad; i++) {
-        snprintf(t, sizeof t, HEAD "large_threshold 9\nsize_classes %s\n", bad[i].classes);
+        snprintf(t, sizeof t, BASE_HEAD "large_threshold 9\nsize_classes %s\n", bad[i].classes);
         expect_error(t, 7, bad[i].what);
     }
-    snprintf(t, sizeof t, HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES + 1);
+    snprintf(t, sizeof t, BASE_HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES + 1);
     expect_error(t, 7, "more than 16384 classes");
-#undef HEAD
 }
 END_TEST
 

@@ -98,14 +98,20 @@ static int *volatile nowhere = (int *)16;
 
 static const char *disposition(int sig);
 
-static void on_term_once(int sig)
+/* PARTS, then a newline, on stdout with write(2) alone: what a handler may call. */
+static void say(const char *const *parts, size_t n)
 {
-    static const char line[] = "resethand: handler ran, SIGTERM now ";
-    ssize_t w = write(1, line, sizeof line - 1);
-    const char *d = disposition(sig);
-    w += write(1, d, strlen(d));
+    ssize_t w = 0;
+    for (size_t i = 0; i < n; i++)
+        w += write(1, parts[i], strlen(parts[i]));
     w += write(1, "\n", 1);
     (void)w;
+}
+
+static void on_term_once(int sig)
+{
+    const char *parts[] = { "resethand: handler ran, SIGTERM now ", disposition(sig) };
+    say(parts, 2);
     raise(sig);
 }
 
@@ -240,14 +246,9 @@ static int contexts(void)
 
 static void on_term_sysv(int sig)
 {
-    static const char line[] = "legacy: one-shot SIGTERM handler ran, SIGTERM now ";
-    ssize_t w = write(1, line, sizeof line - 1);
-    const char *d = disposition(sig), *b = blocked(sig);
-    w += write(1, d, strlen(d));
-    w += write(1, ", ", 2);
-    w += write(1, b, strlen(b));
-    w += write(1, "\n", 1);
-    (void)w;
+    const char *parts[] = { "legacy: one-shot SIGTERM handler ran, SIGTERM now ", disposition(sig), ", ",
+                            blocked(sig) };
+    say(parts, 4);
 }
 
 static const char *blocked(int sig)

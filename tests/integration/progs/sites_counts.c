@@ -48,20 +48,19 @@ NOINL static unsigned long site_kept_mallocs(void **keep, unsigned long n)
 
 int main(int argc, char **argv)
 {
+    unsigned long n, bytes;
     if (argc > 2 && !strcmp(argv[1], "--keep")) {
-        unsigned long n = strtoul(argv[2], NULL, 10);
+        n = strtoul(argv[2], NULL, 10);
         static void *keep[1000000];
         if (n > sizeof keep / sizeof keep[0])
             return 2;
-        unsigned long bytes = site_kept_mallocs(keep, n);
+        bytes = site_kept_mallocs(keep, n);
         for (unsigned long i = 0; i < n; i++)
             free(keep[i]);
-        char out[128];
-        int len = snprintf(out, sizeof out, "{\"malloc\":%lu,\"free\":%lu,\"bytes\":%lu}\n", n, n, bytes);
-        return write(1, out, (size_t)len) == len ? 0 : 1;
+    } else {
+        n = argc > 1 ? strtoul(argv[1], NULL, 10) : 100000;
+        bytes = site_counted_mallocs(n);
     }
-    unsigned long n = argc > 1 ? strtoul(argv[1], NULL, 10) : 100000;
-    unsigned long bytes = site_counted_mallocs(n);
     char out[128];
     int len = snprintf(out, sizeof out, "{\"malloc\":%lu,\"free\":%lu,\"bytes\":%lu}\n", n, n, bytes);
     return write(1, out, (size_t)len) == len ? 0 : 1;
