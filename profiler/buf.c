@@ -9,13 +9,27 @@
 
 #include "profiler.h"
 
+/* A streaming buffer's text so far goes to its descriptor (after a failed write, nowhere). */
+static void flush(struct al_buf *b)
+{
+    if (!b->werr && b->len)
+        b->werr = _al_write_all(b->fd, b->data, b->len);
+    b->len = 0;
+}
+
 static bool grow(struct al_buf *b, size_t need)
 {
     if (b->failed)
         return false;
     if (b->len + need + 1 <= b->cap)
         return true;
-    size_t cap = b->cap ? b->cap : 1 << 17; /* a JSON report with a long size-class list fits */
+    if (b->streaming && b->len) {
+        flush(b);
+        if (need + 1 <= b->cap)
+            return true;
+    }
+    /* Not streaming, a JSON report with a long size-class list fits at once. */
+    size_t cap = b->cap ? b->cap : b->streaming ? AL_BUF_CHUNK : 1 << 17;
     while (cap < b->len + need + 1)
         cap *= 2;
     char *n = _al_mem_map(cap);
@@ -67,19 +81,24 @@ static char *put_u64(char *d, uint64_t v)
 
 void _al_buf_u64_list(struct al_buf *b, const uint64_t *v, size_t n)
 {
-    /* Room for all of it at once, not a check and a copy per number. */
-    if (!n || !grow(b, n * 22))
-        return;
-    char *d = b->data + b->len;
-    for (size_t i = 0; i < n; i++) {
-        if (i) {
-            *d++ = ',';
-            *d++ = ' ';
+    /* Room for a batch at once, not a check and a copy per number; batches a streaming
+     * buffer's chunk holds. */
+    enum { BATCH = AL_BUF_CHUNK / 2 / 22 };
+    for (size_t i = 0; i < n;) {
+        size_t k = n - i < BATCH ? n - i : BATCH;
+        if (!grow(b, k * 22))
+            return;
+        char *d = b->data + b->len;
+        for (size_t end = i + k; i < end; i++) {
+            if (i) {
+                *d++ = ',';
+                *d++ = ' ';
+            }
+            d = put_u64(d, v[i]);
         }
-        d = put_u64(d, v[i]);
+        b->len = (size_t)(d - b->data);
+        b->data[b->len] = '\0';
     }
-    b->len = (size_t)(d - b->data);
-    b->data[b->len] = '\0';
 }
 
 void _al_buf_puts(struct al_buf *b, const char *s)
@@ -139,4 +158,16 @@ void _al_buf_free(struct al_buf *b)
 int _al_buf_write_fd(const struct al_buf *b, int fd)
 {
     return b->failed ? -ENOMEM : _al_write_all(fd, b->data, b->len);
+}
+
+void _al_buf_stream(struct al_buf *b, int fd)
+{
+    b->streaming = true;
+    b->fd = fd;
+}
+
+int _al_buf_finish(struct al_buf *b)
+{
+    flush(b);
+    return b->werr ? b->werr : b->failed ? -ENOMEM : 0;
 }

@@ -246,7 +246,9 @@ void _al_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 struct al_buf {
     char *data;
     size_t len, cap;
-    bool failed; /* out of memory: the report says so instead of being silently cut */
+    bool failed;    /* out of memory: the report says so instead of being silently cut */
+    bool streaming; /* the text goes to fd as it is made (_al_buf_stream) */
+    int fd, werr;   /* streaming: where, and the first write's error (a negative errno) */
 };
 
 void _al_buf_putn(struct al_buf *b, const char *s, size_t n);
@@ -260,6 +262,14 @@ void _al_buf_free(struct al_buf *b);
 int _al_write_all(int fd, const void *data, size_t len);
 /* Writes the whole buffer to fd; 0 or a negative errno. */
 int _al_buf_write_fd(const struct al_buf *b, int fd);
+/* From now on the text of B (empty) goes to FD a chunk at a time, so that it never holds
+ * more than about AL_BUF_CHUNK bytes of it: a short program's JSON report was 60 KB, 15
+ * pages faulted in, of which the allocator's size classes were most. */
+#define AL_BUF_CHUNK (16u << 10)
+void _al_buf_stream(struct al_buf *b, int fd);
+/* Writes what a streaming buffer holds yet; 0, or a negative errno (of a write, or -ENOMEM
+ * where the text could not be made whole). */
+int _al_buf_finish(struct al_buf *b);
 
 /* ---- options.c: every tunable, one row of one table ---------------------------------------- */
 

@@ -225,6 +225,9 @@ static void write_report(struct write_args *w)
 {
     enum al_report_kind kind = w->kind;
     bool has_status = w->has_status, main_image = w->main_image;
+    /* A process that is ending keeps the report's memory: unmapping it would be system calls,
+     * with TLB shootdowns to the CPUs the process ran on, for memory its exit frees anyway. */
+    bool ending = kind != AL_REPORT_EXEC;
     int status = w->status;
     struct al_thread *t = _al_tls;
     int was_busy = t ? t->busy : 0;
@@ -259,8 +262,6 @@ static void write_report(struct write_args *w)
         _al_symbols_begin(main_image);
 
     if (_al_settings.output && (main_image || total_calls(r) > 0)) {
-        struct al_buf b = { 0 };
-        _al_report_json(&b, r);
         char path[4096];
         int fd;
         bool made = false;
@@ -271,10 +272,20 @@ static void write_report(struct write_args *w)
         } else {
             fd = open_side_report(_al_settings.output, r->pid, path, sizeof path, &made);
         }
-        write_file(&b, fd, path);
+        int e = fd < 0 ? -errno : 0;
+        if (fd >= 0) {
+            struct al_buf b = { 0 };
+            _al_buf_stream(&b, fd);
+            _al_report_json(&b, r);
+            e = _al_buf_finish(&b);
+            close(fd);
+            if (!ending)
+                _al_buf_free(&b);
+        }
+        if (e < 0)
+            _al_log("cannot write the report to %s: %s", path, strerror(-e));
         if (kind == AL_REPORT_EXEC && fd >= 0 && made)
             snprintf(exec_report_path, sizeof exec_report_path, "%s", path);
-        _al_buf_free(&b);
     }
     if (main_image && _al_settings.pprof)
         _al_report_pprof(_al_settings.pprof, r->runtime_ns);
@@ -292,12 +303,13 @@ static void write_report(struct write_args *w)
             int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);
             write_file(&b, fd, _al_settings.text);
         }
-        _al_buf_free(&b);
+        if (!ending)
+            _al_buf_free(&b);
     }
 out:
-    if (hist)
+    if (hist && !ending)
         _al_mem_unmap(hist, (size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
-    if (r)
+    if (r && !ending)
         _al_mem_unmap(r, sizeof *r);
     if (t && !was_busy)
         _al_unbusy(t);
@@ -349,7 +361,8 @@ static void write_on_own_stack(enum al_report_kind kind, bool has_status, int st
     makecontext(&report_ctx, report_on_own_stack, 0);
     if (swapcontext(&caller_ctx, &report_ctx) < 0)
         write_report(&pending);
-    _al_mem_unmap(stack, REPORT_STACK);
+    if (kind == AL_REPORT_EXEC) /* kept by a process that is ending, as write_report says */
+        _al_mem_unmap(stack, REPORT_STACK);
 }
 
 void _al_report_write(enum al_report_kind kind, bool has_status, int status)

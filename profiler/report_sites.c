@@ -45,7 +45,9 @@ BY(by_alloc, alloc_bytes)
 static struct al_site **ranked(int (*cmp)(const void *, const void *), uint32_t *n)
 {
     *n = _al_sampler.nsites;
-    struct al_site **r = _al_mem_map((*n + 1) * sizeof *r);
+    if (!*n) /* a short program's usual case: no mapping to make and unmap */
+        return NULL;
+    struct al_site **r = _al_mem_map(*n * sizeof *r);
     if (!r)
         return NULL;
     for (uint32_t i = 0; i < *n; i++)
@@ -109,7 +111,7 @@ static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *
     }
     _al_buf_puts(b, last ? "    ]\n" : "    ],\n");
     if (r)
-        _al_mem_unmap(r, (n + 1) * sizeof *r);
+        _al_mem_unmap(r, n * sizeof *r);
 }
 
 /* When the sites' peak was: ns since the process image started (a peak at exit, found while
@@ -185,7 +187,7 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
         _al_buf_printf(b, "%12.0f %12.0f %11.0f  %s\n", r[i]->peak_live_bytes, r[i]->alloc_bytes, r[i]->frag_bytes, text);
     }
     if (r)
-        _al_mem_unmap(r, (n + 1) * sizeof *r);
+        _al_mem_unmap(r, n * sizeof *r);
     _al_sampler_unlock();
 }
 

@@ -319,6 +319,50 @@ START_TEST(buf_u64_decimal)
 }
 END_TEST
 
+/* A streamed buffer writes the same text as one built whole, never holding more than a chunk
+ * of it; a write that fails is told by _al_buf_finish, and what follows is not written. */
+START_TEST(buf_streamed)
+{
+    enum { N = 20000 };
+    static uint64_t v[N];
+    for (unsigned i = 0; i < N; i++)
+        v[i] = 24 + 16ull * i;
+    struct al_buf whole = { 0 };
+    _al_buf_puts(&whole, "{ \"classes\": [");
+    _al_buf_u64_list(&whole, v, N);
+    _al_buf_printf(&whole, "], \"n\": %d }\n", N);
+    ck_assert(!whole.failed);
+
+    int fd = memfd_create("streamed", 0);
+    ck_assert_int_ge(fd, 0);
+    struct al_buf b = { 0 };
+    _al_buf_stream(&b, fd);
+    _al_buf_puts(&b, "{ \"classes\": [");
+    _al_buf_u64_list(&b, v, N);
+    _al_buf_printf(&b, "], \"n\": %d }\n", N);
+    ck_assert_uint_le(b.cap, AL_BUF_CHUNK);
+    ck_assert_int_eq(_al_buf_finish(&b), 0);
+    ck_assert_int_eq(lseek(fd, 0, SEEK_END), (off_t)whole.len);
+    char *got = malloc(whole.len);
+    ck_assert_int_eq(pread(fd, got, whole.len, 0), (ssize_t)whole.len);
+    ck_assert(memcmp(got, whole.data, whole.len) == 0);
+    free(got);
+    close(fd);
+    _al_buf_free(&b);
+
+    int ro = open("/dev/null", O_RDONLY);
+    ck_assert_int_ge(ro, 0);
+    struct al_buf bad = { 0 };
+    _al_buf_stream(&bad, ro);
+    _al_buf_u64_list(&bad, v, N); /* more than a chunk: a write is tried, and fails */
+    _al_buf_puts(&bad, "]");
+    ck_assert_int_eq(_al_buf_finish(&bad), -EBADF);
+    close(ro);
+    _al_buf_free(&bad);
+    _al_buf_free(&whole);
+}
+END_TEST
+
 /* Pages of a fresh private mapping are "written" only once written (or swapped out); without
  * a pagemap every page counts as written. */
 /* fds.c: the kernel's descriptor table grown to the top at start, while no thread shares it
@@ -559,6 +603,7 @@ int main(void)
     tcase_add_test(tc, rows_roundtrip);
     tcase_add_test(tc, buf_json_escaping);
     tcase_add_test(tc, buf_u64_decimal);
+    tcase_add_test(tc, buf_streamed);
     tcase_add_test(tc, fds_table_grown_at_start);
     tcase_add_test(tc, seccomp_filter_runs);
     tcase_add_test(tc, seccomp_report_refused);
