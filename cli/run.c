@@ -114,7 +114,7 @@ static void resolve_events_ahead(void)
 {
     const char *events = getenv(_al_options[AL_OPT_EVENTS].env);
     const char *mode = getenv(_al_options[AL_OPT_MODE].env);
-    static char attrs[sizeof ((struct al_settings *)0)->event_attrs_buf];
+    static char attrs[AL_SETTING_STRING_MAX];
     if ((events && strcmp(events, "off") == 0) || _al_mode_parse(mode) == AL_MODE_SAMPLE ||
         _al_counters_resolve_ahead(events, attrs, sizeof attrs) == 0)
         unsetenv(_al_options[AL_OPT_EVENT_ATTRS].env); /* nothing to count, or nothing resolved */

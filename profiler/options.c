@@ -136,7 +136,7 @@ static long long num_setting(enum al_opt_id id, bool *given)
 
 /* Copied, not kept as the environment's pointer: programs rewrite their environment block
  * (redis sets its process title over it) long before the report is written. */
-static const char *str_setting(enum al_opt_id id, char *store, size_t cap)
+static const char *str_setting(struct al_settings *s, enum al_opt_id id, size_t cap)
 {
     const char *v = _al_env(_al_options[id].env);
     if (!v)
@@ -148,7 +148,9 @@ static const char *str_setting(enum al_opt_id id, char *store, size_t cap)
         _al_log("%s is longer than %zu bytes; ignored", _al_options[id].env, cap - 1);
         return NULL;
     }
+    char *store = s->strings + s->strings_used; /* room: the limits add up to its size */
     memcpy(store, v, n + 1);
+    s->strings_used += n + 1;
     return store;
 }
 
@@ -169,17 +171,18 @@ int _al_mode_parse(const char *text)
 
 void _al_settings_load(struct al_settings *s)
 {
-    s->output = str_setting(AL_OPT_OUTPUT, s->output_buf, sizeof s->output_buf);
-    s->text = str_setting(AL_OPT_TEXT, s->text_buf, sizeof s->text_buf);
+    s->strings_used = 0;
+    s->output = str_setting(s, AL_OPT_OUTPUT, AL_SETTING_STRING_MAX);
+    s->text = str_setting(s, AL_OPT_TEXT, AL_SETTING_STRING_MAX);
     if (s->text && strcmp(s->text, "off") == 0)
         s->text = NULL;
     bool given;
     s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD, &s->large_threshold_set);
-    s->config = str_setting(AL_OPT_CONFIG, s->config_buf, sizeof s->config_buf);
-    s->allocator = str_setting(AL_OPT_ALLOCATOR, s->allocator_buf, sizeof s->allocator_buf);
-    s->pprof = str_setting(AL_OPT_PPROF, s->pprof_buf, sizeof s->pprof_buf);
+    s->config = str_setting(s, AL_OPT_CONFIG, AL_SETTING_STRING_MAX);
+    s->allocator = str_setting(s, AL_OPT_ALLOCATOR, AL_SETTING_STRING_MAX);
+    s->pprof = str_setting(s, AL_OPT_PPROF, AL_SETTING_STRING_MAX);
     s->sample_rate = (uint64_t)num_setting(AL_OPT_SAMPLE_RATE, &given);
-    s->events = str_setting(AL_OPT_EVENTS, s->events_buf, sizeof s->events_buf);
+    s->events = str_setting(s, AL_OPT_EVENTS, 1024);
     s->sample_every = (unsigned)num_setting(AL_OPT_SAMPLE_EVERY, &given);
     s->syscalls = num_setting(AL_OPT_SYSCALLS, &given) != 0;
     s->seed = (uint64_t)num_setting(AL_OPT_SEED, &given);
@@ -190,7 +193,7 @@ void _al_settings_load(struct al_settings *s)
         _al_log("%s='%s' is none of 'full', 'time' or 'sample'; using the default full",
                 _al_options[AL_OPT_MODE].env, mode);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
-    s->event_attrs = str_setting(AL_OPT_EVENT_ATTRS, s->event_attrs_buf, sizeof s->event_attrs_buf);
+    s->event_attrs = str_setting(s, AL_OPT_EVENT_ATTRS, AL_SETTING_STRING_MAX);
     const char *preload = _al_env("LD_PRELOAD");
     s->under_valgrind = preload && strstr(preload, "/vgpreload_core-");
 }

@@ -85,18 +85,28 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
     return n;
 }
 
-long _al_proc_status(const char *field)
+void _al_proc_status_fields(const char *const fields[], long values[], unsigned n)
 {
     char status[4096], key[64];
-    if (_al_proc_read("/proc/self/status", status, sizeof status) < 0 ||
-        (size_t)snprintf(key, sizeof key, "\n%s:", field) >= sizeof key)
-        return -1;
-    const char *f = strstr(status, key);
-    if (!f)
-        return -1;
-    f += strlen(key);
-    f += strspn(f, " \t");
-    return (long)_al_proc_num(&f, 10);
+    bool ok = _al_proc_read("/proc/self/status", status, sizeof status) >= 0;
+    for (unsigned i = 0; i < n; i++) {
+        values[i] = -1;
+        if (!ok || (size_t)snprintf(key, sizeof key, "\n%s:", fields[i]) >= sizeof key)
+            continue;
+        const char *f = strstr(status, key);
+        if (!f)
+            continue;
+        f += strlen(key);
+        f += strspn(f, " \t");
+        values[i] = (long)_al_proc_num(&f, 10);
+    }
+}
+
+long _al_proc_status(const char *field)
+{
+    long v;
+    _al_proc_status_fields(&field, &v, 1);
+    return v;
 }
 
 int64_t _al_proc_rss(void)

@@ -111,11 +111,15 @@ void _al_process_start(void)
     _al_settings_load(&_al_settings);
     _al_hot.large_threshold = _al_settings.large_threshold;
     set_mode(_al_settings.mode);
+    /* What start-up needs of /proc/self/status, in one read of it. */
+    static const char *const fields[] = { "Seccomp", "TracerPid", "VmHWM" };
+    long status[3];
+    _al_proc_status_fields(fields, status, 3);
     /* Under a seccomp filter from the start, the descriptor table is not grown (the filter may
      * end the process at fcntl). */
-    bool filtered = _al_proc_status("Seccomp") > 0;
+    bool filtered = status[0] > 0;
     _al_fds_init(!filtered);
-    _al_sampler_init(&_al_settings);
+    _al_sampler_init(&_al_settings, status[2]);
     /* Why the allocator's system calls, and the events, are not measured (NULL: they are).
      * Started under a seccomp filter (a systemd service's SystemCallFilter, a sandbox), the
      * dispatch's prctl and the events' perf_event_open are calls such filters refuse, some by
@@ -128,19 +132,18 @@ void _al_process_start(void)
         no_events = "not under a seccomp filter, which may refuse perf_event_open";
     } else {
         static char traced[sizeof _al_syscalls.reason];
-        long by;
         if (!_al_settings.syscalls) {
             no_syscalls = "off (--syscalls 0)";
         } else if (_al_settings.under_valgrind) {
             /* Valgrind makes the program's system calls from its own code, with every signal
              * blocked: a call dispatched there would kill the process with SIGSYS. */
             no_syscalls = "not under valgrind, which makes the program's system calls from its own code";
-        } else if ((by = _al_proc_status("TracerPid")) > 0) {
+        } else if (status[1] > 0) {
             /* A debugger stops the program at every signal it gets, SIGSYS included (gdb's
              * default). */
             snprintf(traced, sizeof traced,
                      "not while the process is traced (by pid %ld), whose tracer would stop at each SIGSYS "
-                     "that counting them takes", by);
+                     "that counting them takes", status[1]);
             no_syscalls = traced;
         }
         if (!_al_settings.events || strcmp(_al_settings.events, "off") == 0)

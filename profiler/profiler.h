@@ -339,9 +339,12 @@ struct al_settings {
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
     const char *event_attrs; /* the events' encodings, resolved by 'alloclens run', or NULL */
     bool under_valgrind;    /* its preload is in LD_PRELOAD: the program runs on its synthetic CPU */
-    char output_buf[4096], text_buf[4096], config_buf[4096], allocator_buf[4096], pprof_buf[4096], events_buf[1024];
-    char event_attrs_buf[4096];
+    /* The string values, one after the other: a short program's settings touch one page of
+     * this, not one each. Each has its own limit too (AL_SETTING_STRING_MAX, events less). */
+    char strings[7 * 4096];
+    size_t strings_used;
 };
+#define AL_SETTING_STRING_MAX 4096
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the
  * variable) and the default kept. Never allocates. */
@@ -596,6 +599,8 @@ bool _al_maps_find(uint64_t a, char *buf, size_t cap, struct al_map_span *out);
 ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
 /* The number after "FIELD:" in /proc/self/status (TracerPid, Seccomp...), or -1. */
 long _al_proc_status(const char *field);
+/* The same for N fields at once, from one read: VALUES[i] for FIELDS[i]. */
+void _al_proc_status_fields(const char *const fields[], long values[], unsigned n);
 /* The process's resident size now, in bytes (/proc/self/statm), or -1. */
 int64_t _al_proc_rss(void);
 /* The whole file at PATH appended to B, however long; whether it was read to its end. */

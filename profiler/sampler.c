@@ -175,7 +175,7 @@ void _al_sampler_thread_init(struct al_thread *t)
 
 /* ---- set-up ---------------------------------------------------------------------------------- */
 
-void _al_sampler_init(const struct al_settings *set)
+void _al_sampler_init(const struct al_settings *set, long hwm)
 {
     _al_sampler.rate = (double)set->sample_rate;
     _al_sampler.seed = set->seed;
@@ -198,7 +198,6 @@ void _al_sampler_init(const struct al_settings *set)
     /* The kernel keeps the peak of the image that exec'd this one in getrusage's: where it is
      * above this image's own (VmHWM), this one's rises would not show there. */
     struct rusage ru;
-    long hwm = _al_proc_status("VmHWM");
     if (hwm > 0 && getrusage(RUSAGE_THREAD, &ru) == 0 && ru.ru_maxrss > hwm + 1024)
         s.inherited_kib = ru.ru_maxrss;
     struct al_object self;

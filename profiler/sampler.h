@@ -82,7 +82,8 @@ static inline __attribute__((always_inline)) void _al_sample_forget(const void *
         _al_sample_forget_slow(p);
 }
 
-void _al_sampler_init(const struct al_settings *s);
+/* HWM_KIB: the process's VmHWM now (-1: unknown). */
+void _al_sampler_init(const struct al_settings *s, long hwm_kib);
 void _al_sampler_thread_init(struct al_thread *t);
 /* The sampler's state for the report, taken once before any writer runs: the last peak
  * snapshot, the residency of the peak's samples, the live bytes now. */
