@@ -31,6 +31,7 @@ struct parser {
     unsigned line;
     char *err;
     size_t errcap;
+    bool expand; /* classes[] filled as the classes are read, not only the runs */
 };
 
 static int fail(struct parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -141,6 +142,19 @@ enum { K_ALLOCATOR, K_IDENTITY, K_STYLE, K_PAGE, K_THRESHOLD, K_CLASSES, K_CONFI
 static const char *const keys[K_N] = { "allocator", "identity", "style", "page_size",
                                        "large_threshold", "size_classes", "confidence" };
 
+/* COUNT classes from FIRST, STEP apart, after those of C's runs: the last run goes on where
+ * they continue it evenly (a file of single classes makes runs too), else a new one starts. */
+static void add_run(struct al_alloc_config *c, uint64_t first, uint64_t step, uint32_t count)
+{
+    struct al_class_run *r = c->nruns ? &c->runs[c->nruns - 1] : NULL;
+    if (count == 1 && r && (r->count == 1 || first - _al_config_last_class(c) == r->step)) {
+        r->step = first - _al_config_last_class(c);
+        r->count++;
+        return;
+    }
+    c->runs[c->nruns++] = (struct al_class_run){ first, count > 1 ? step : 0, count };
+}
+
 static int parse_line(struct parser *p, const char *s, const char *end, struct al_alloc_config *c,
                       bool seen[K_N])
 {
@@ -214,18 +228,17 @@ static int parse_line(struct parser *p, const char *s, const char *end, struct a
             uint64_t v, last, step;
             if (parse_classes(p, &s, end, &v, &last, &step) < 0)
                 return -EINVAL;
-            for (;; v += step) {
-                if (v == 0)
-                    return fail(p, "size_classes: a class of 0 bytes");
-                if (c->nclasses && v <= c->classes[c->nclasses - 1])
-                    return fail(p, "size_classes: %llu is not above the class before it",
-                                (unsigned long long)v);
-                if (c->nclasses == AL_CONFIG_MAX_CLASSES)
-                    return fail(p, "size_classes: more than %d classes", AL_CONFIG_MAX_CLASSES);
-                c->classes[c->nclasses++] = v;
-                if (v == last)
-                    break;
-            }
+            if (v == 0)
+                return fail(p, "size_classes: a class of 0 bytes");
+            if (c->nclasses && v <= _al_config_last_class(c))
+                return fail(p, "size_classes: %llu is not above the class before it", (unsigned long long)v);
+            uint64_t count = (last - v) / step + 1;
+            if (count > AL_CONFIG_MAX_CLASSES - c->nclasses)
+                return fail(p, "size_classes: more than %d classes", AL_CONFIG_MAX_CLASSES);
+            add_run(c, v, step, (uint32_t)count);
+            for (uint32_t i = 0; p->expand && i < count; i++)
+                c->classes[c->nclasses + i] = v + i * step;
+            c->nclasses += (uint32_t)count;
         }
         return 0;
     case K_CONFIDENCE: {
@@ -243,12 +256,14 @@ static int parse_line(struct parser *p, const char *s, const char *end, struct a
     return 0;
 }
 
-int _al_config_parse(const char *text, size_t len, const char *name, struct al_alloc_config *out,
-                     char *err, size_t errcap)
+static int parse(const char *text, size_t len, const char *name, struct al_alloc_config *out, char *err,
+                 size_t errcap, bool expand)
 {
-    struct parser p = { name ? name : "config", 0, err, errcap };
+    struct parser p = { name ? name : "config", 0, err, errcap, expand };
     struct al_alloc_config *c = out;
     memset(c, 0, offsetof(struct al_alloc_config, classes));
+    c->nruns = 0;
+    c->runs_only = !expand;
     bool seen[K_N] = { false };
     bool version = false;
     const char *s = text, *end = text + len;
@@ -308,24 +323,42 @@ int _al_config_parse(const char *text, size_t len, const char *name, struct al_a
             goto out;
         }
     }
-    if (c->classes[c->nclasses - 1] + 1 < c->large_threshold) {
+    if (_al_config_last_class(c) + 1 < c->large_threshold) {
         r = fail(&p, "large_threshold %llu: requests from %llu up are in no size class",
-                 (unsigned long long)c->large_threshold,
-                 (unsigned long long)c->classes[c->nclasses - 1] + 1);
+                 (unsigned long long)c->large_threshold, (unsigned long long)_al_config_last_class(c) + 1);
         goto out;
     }
-    if (c->classes[0] >= c->large_threshold) {
+    if (c->runs[0].first >= c->large_threshold) {
         r = fail(&p, "large_threshold %llu: at or below the smallest size class",
                  (unsigned long long)c->large_threshold);
         goto out;
     }
 out:
-    if (r < 0)
+    if (r < 0) {
         memset(out, 0, offsetof(struct al_alloc_config, classes));
+        out->nruns = 0;
+    }
     return r;
 }
 
-int _al_config_load(const char *path, struct al_alloc_config *out, char *err, size_t errcap)
+int _al_config_parse(const char *text, size_t len, const char *name, struct al_alloc_config *out,
+                     char *err, size_t errcap)
+{
+    return parse(text, len, name, out, err, errcap, true);
+}
+
+void _al_config_expand(struct al_alloc_config *c)
+{
+    if (!c->runs_only)
+        return;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->nruns; i++)
+        for (uint32_t k = 0; k < c->runs[i].count; k++)
+            c->classes[n++] = c->runs[i].first + k * c->runs[i].step;
+    c->runs_only = false;
+}
+
+static int load(const char *path, struct al_alloc_config *out, char *err, size_t errcap, bool expand)
 {
     /* Non-blocking, so a FIFO given by mistake is refused by the check below, not waited on. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -356,9 +389,19 @@ int _al_config_load(const char *path, struct al_alloc_config *out, char *err, si
         got += (size_t)n;
     }
     close(fd);
-    int r = _al_config_parse(text, got, path, out, err, errcap);
+    int r = parse(text, got, path, out, err, errcap, expand);
     munmap(text, (size_t)st.st_size + 1);
     return r;
+}
+
+int _al_config_load(const char *path, struct al_alloc_config *out, char *err, size_t errcap)
+{
+    return load(path, out, err, errcap, true);
+}
+
+int _al_config_load_runs(const char *path, struct al_alloc_config *out, char *err, size_t errcap)
+{
+    return load(path, out, err, errcap, false);
 }
 
 const char *_al_config_style_name(enum al_style s)

@@ -23,6 +23,12 @@ struct al_file_identity {
     int64_t mtime_ns;
 };
 
+/* COUNT classes: FIRST, FIRST + STEP, ... (STEP 0 where COUNT is 1). */
+struct al_class_run {
+    uint64_t first, step;
+    uint32_t count;
+};
+
 struct al_alloc_config {
     char allocator[AL_CONFIG_PATH_MAX];   /* library path the description is for */
     struct al_file_identity identity;     /* of that file when probed: a changed file is re-probed */
@@ -32,7 +38,20 @@ struct al_alloc_config {
     char confidence[256];                 /* the probe's own account of how sure it is */
     uint32_t nclasses;
     uint64_t classes[AL_CONFIG_MAX_CLASSES]; /* ascending; the last covers large_threshold - 1 */
+    /* The same classes as runs, filled by the parser (a file's single classes joined where
+     * they are evenly spaced): glibc's 8190 are one. Where only these were filled
+     * (_al_config_load_runs), RUNS_ONLY is set until _al_config_expand. */
+    bool runs_only;
+    uint32_t nruns;
+    struct al_class_run runs[AL_CONFIG_MAX_CLASSES];
 };
+
+/* The largest class of a config the parser filled. */
+static inline uint64_t _al_config_last_class(const struct al_alloc_config *c)
+{
+    const struct al_class_run *r = &c->runs[c->nruns - 1];
+    return r->first + (r->count - 1) * r->step;
+}
 
 /* Parses TEXT (LEN bytes, need not be NUL-terminated). 0 on success; otherwise -EINVAL with
  * "NAME:LINE: what is wrong" in ERR, and OUT left empty (no classes): a file is taken whole or
@@ -42,6 +61,12 @@ int _al_config_parse(const char *text, size_t len, const char *name, struct al_a
 
 /* Reads and parses a file; errors as above ("NAME: cannot read: ..." for I/O). */
 int _al_config_load(const char *path, struct al_alloc_config *out, char *err, size_t errcap);
+/* The same, the classes left as runs (classes[] not written): what a process that only
+ * reports them needs. Glibc's 8190 classes were 16 pages of memory to fault in, in every
+ * process. */
+int _al_config_load_runs(const char *path, struct al_alloc_config *out, char *err, size_t errcap);
+/* Fills classes[] from the runs, where _al_config_load_runs left them out. */
+void _al_config_expand(struct al_alloc_config *c);
 
 /* Writes the text form into BUF (CAP bytes); returns the length, or -ENOSPC. */
 long _al_config_format(const struct al_alloc_config *c, char *buf, size_t cap);

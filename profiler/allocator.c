@@ -212,7 +212,7 @@ void _al_allocator_load_config(struct al_allocator_info *a, const char *path)
     }
     copy(a->config_path, sizeof a->config_path, path);
     char err[512];
-    if (_al_config_load(path, c, err, sizeof err) < 0) {
+    if (_al_config_load_runs(path, c, err, sizeof err) < 0) {
         _al_log("%s", err);
         copy(a->config_reason, sizeof a->config_reason, err);
         _al_mem_unmap(c, sizeof *c);

@@ -79,22 +79,22 @@ static char *put_u64(char *d, uint64_t v)
     return d + n;
 }
 
-void _al_buf_u64_list(struct al_buf *b, const uint64_t *v, size_t n)
+void _al_buf_u64_run(struct al_buf *b, uint64_t first, uint64_t step, uint32_t count)
 {
     /* Room for a batch at once, not a check and a copy per number; batches a streaming
      * buffer's chunk holds. */
     enum { BATCH = AL_BUF_CHUNK / 2 / 22 };
-    for (size_t i = 0; i < n;) {
-        size_t k = n - i < BATCH ? n - i : BATCH;
-        if (!grow(b, k * 22))
+    for (uint32_t i = 0; i < count;) {
+        uint32_t k = count - i < BATCH ? count - i : BATCH;
+        if (!grow(b, (size_t)k * 22))
             return;
         char *d = b->data + b->len;
-        for (size_t end = i + k; i < end; i++) {
+        for (uint32_t end = i + k; i < end; i++) {
             if (i) {
                 *d++ = ',';
                 *d++ = ' ';
             }
-            d = put_u64(d, v[i]);
+            d = put_u64(d, first + i * step);
         }
         b->len = (size_t)(d - b->data);
         b->data[b->len] = '\0';

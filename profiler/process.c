@@ -191,6 +191,8 @@ void _al_process_start(void)
         _al_hot.large_threshold = _al_allocator.config->large_threshold;
         _al_allocator.threshold_source = "config";
     }
+    if (_al_hot.records && _al_allocator.config)
+        _al_config_expand(_al_allocator.config); /* indexed by the waste's class table */
     if (_al_hot.records)
         _al_waste_init(_al_allocator.config);
     else

@@ -253,7 +253,8 @@ struct al_buf {
 
 void _al_buf_putn(struct al_buf *b, const char *s, size_t n);
 void _al_buf_puts(struct al_buf *b, const char *s);
-void _al_buf_u64_list(struct al_buf *b, const uint64_t *v, size_t n); /* decimal, ", "-separated */
+/* FIRST, FIRST + STEP, ... (COUNT numbers) in decimal, ", "-separated. */
+void _al_buf_u64_run(struct al_buf *b, uint64_t first, uint64_t step, uint32_t count);
 void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
 void _al_buf_free(struct al_buf *b);
@@ -1076,7 +1077,8 @@ struct al_allocator_info {
     char version[64];
     char requested[512];   /* what the user asked for, when it differs from what serves */
     bool program_defines_malloc;
-    const struct al_alloc_config *config; /* what the pre-run probe found, or NULL */
+    struct al_alloc_config *config; /* what the pre-run probe found, or NULL (its classes as runs
+                                       until _al_config_expand) */
     char config_path[512];
     char config_reason[512]; /* why there is no config */
     const char *threshold_source; /* "config", "option" or "default" */

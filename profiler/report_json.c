@@ -64,8 +64,11 @@ static void allocator(struct al_buf *b, const struct al_report *r)
         _al_buf_puts(b, "null");
     _al_buf_printf(b, ", \"large_threshold\": %llu, \"large_threshold_source\": \"%s\",\n    \"size_classes\": [",
                    (unsigned long long)r->large_threshold, a->threshold_source ? a->threshold_source : "default");
-    if (c)
-        _al_buf_u64_list(b, c->classes, c->nclasses);
+    for (uint32_t i = 0; c && i < c->nruns; i++) {
+        if (i)
+            _al_buf_puts(b, ", ");
+        _al_buf_u64_run(b, c->runs[i].first, c->runs[i].step, c->runs[i].count);
+    }
     _al_buf_puts(b, "],\n    \"config\": { \"available\": ");
     if (c) {
         _al_buf_printf(b, "true, \"page_size\": %llu, \"path\": ", (unsigned long long)c->page_size);

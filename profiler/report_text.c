@@ -38,8 +38,8 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     if (a->config)
         _al_buf_printf(b, "style        %s, %u size classes (%llu .. %llu bytes), page %llu\n",
                        _al_config_style_name(a->config->style), a->config->nclasses,
-                       (unsigned long long)a->config->classes[0],
-                       (unsigned long long)a->config->classes[a->config->nclasses - 1],
+                       (unsigned long long)a->config->runs[0].first,
+                       (unsigned long long)_al_config_last_class(a->config),
                        (unsigned long long)a->config->page_size);
     else
         _al_buf_printf(b, "style        unknown: %s\n", a->config_reason);

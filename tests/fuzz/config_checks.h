@@ -1,8 +1,9 @@
 /* The checks shared by the fuzz target (fuzz_config.c) and the replay test (replay.c): parse an
  * input; a rejected one must leave an empty config and a "NAME:LINE: ..." message naming a line
- * of the input; an accepted one must satisfy the format's invariants, survive format -> parse
- * unchanged (and format to the same text again), and its class table must answer "smallest class
- * >= size" for every class boundary and the sizes around the threshold. */
+ * of the input; an accepted one must satisfy the format's invariants (its runs the same classes
+ * as its classes), survive format -> parse unchanged (and format to the same text again), and
+ * its class table must answer "smallest class >= size" for every class boundary and the sizes
+ * around the threshold. */
 #ifndef ALLOCLENS_FUZZ_CONFIG_CHECKS_H
 #define ALLOCLENS_FUZZ_CONFIG_CHECKS_H
 
@@ -143,6 +144,14 @@ static int check_config_input(const uint8_t *data, size_t size, char *why, size_
     for (uint32_t i = 0; i < a->nclasses; i++)
         if (a->classes[i] == 0 || (i && a->classes[i] <= a->classes[i - 1]))
             return check_fail(why, cap, "accepted class %u = %" PRIu64 " out of order", i, a->classes[i]);
+    /* The runs the parser filled beside them are the same classes. */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < a->nruns; i++)
+        for (uint32_t j = 0; j < a->runs[i].count; j++, k++)
+            if (k >= a->nclasses || a->classes[k] != a->runs[i].first + j * a->runs[i].step)
+                return check_fail(why, cap, "run %u, class %u: not class %u", i, j, k);
+    if (k != a->nclasses || a->runs_only)
+        return check_fail(why, cap, "runs of %u classes for %u", k, a->nclasses);
     if (a->classes[0] >= a->large_threshold || a->classes[a->nclasses - 1] + 1 < a->large_threshold)
         return check_fail(why, cap, "accepted threshold %" PRIu64 " outside the classes", a->large_threshold);
     if (a->page_size < 512 || (a->page_size & (a->page_size - 1)))

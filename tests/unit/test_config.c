@@ -358,6 +358,18 @@ START_TEST(parse_class_runs)
     ck_assert_uint_eq(cfg.nclasses, sizeof want / sizeof *want);
     for (unsigned i = 0; i < cfg.nclasses; i++)
         ck_assert_uint_eq(cfg.classes[i], want[i]);
+    /* the same classes as runs, as the fields gave them */
+    static const struct al_class_run runs[] = { { 8, 0, 1 }, { 16, 16, 4 }, { 72, 0, 1 }, { 80, 8, 3 } };
+    ck_assert_uint_eq(cfg.nruns, 4);
+    for (unsigned i = 0; i < cfg.nruns; i++)
+        ck_assert(cfg.runs[i].first == runs[i].first && cfg.runs[i].step == runs[i].step &&
+                  cfg.runs[i].count == runs[i].count);
+    ck_assert_uint_eq(_al_config_last_class(&cfg), 96);
+    /* single classes evenly spaced join into runs */
+    ck_assert_int_eq(parse_str(BASE_HEAD "large_threshold 65\nsize_classes 8 16 24 32 48 64\n"), 0);
+    ck_assert_uint_eq(cfg.nruns, 2);
+    ck_assert(cfg.runs[0].first == 8 && cfg.runs[0].step == 8 && cfg.runs[0].count == 4);
+    ck_assert(cfg.runs[1].first == 48 && cfg.runs[1].step == 16 && cfg.runs[1].count == 2);
     /* the largest run there may be: every class there is room for */
     char t[256];
     snprintf(t, sizeof t, BASE_HEAD "large_threshold 2\nsize_classes 1..%d/1\n", AL_CONFIG_MAX_CLASSES);
@@ -531,6 +543,26 @@ START_TEST(load_files)
     ck_assert_int_eq(_al_config_load(good, &cfg, err, sizeof err), 0);
     ck_assert_uint_eq(cfg.nclasses, 3);
     ck_assert_str_eq(cfg.confidence, "file");
+
+    /* loaded as runs alone: classes[] not written until expanded, then as a whole load */
+    const char *glibc = "alloclens-config 1\nallocator /usr/lib/libc.so.6\nidentity 1 2 3 4\nstyle sequential\n"
+                        "page_size 4096\nlarge_threshold 131049\nsize_classes 24..131048/16\n";
+    const char *runs = write_tmp("runs.conf", glibc, strlen(glibc));
+    static struct al_alloc_config lazy;
+    memset(&lazy, 0, sizeof lazy);
+    ck_assert_int_eq(_al_config_load_runs(runs, &lazy, err, sizeof err), 0);
+    ck_assert(lazy.runs_only);
+    ck_assert_uint_eq(lazy.nclasses, 8190);
+    ck_assert_uint_eq(lazy.nruns, 1);
+    ck_assert_uint_eq(_al_config_last_class(&lazy), 131048);
+    for (unsigned i = 0; i < AL_CONFIG_MAX_CLASSES; i++)
+        ck_assert_uint_eq(lazy.classes[i], 0);
+    _al_config_expand(&lazy);
+    ck_assert(!lazy.runs_only);
+    ck_assert_int_eq(_al_config_load(runs, &cfg, err, sizeof err), 0);
+    ck_assert(!cfg.runs_only);
+    ck_assert_uint_eq(cfg.nclasses, 8190);
+    ck_assert_mem_eq(lazy.classes, cfg.classes, 8190 * sizeof cfg.classes[0]);
 
     /* a broken one: FILE:LINE, nothing kept */
     const char *bad = write_tmp("bad.conf", BASE "page_size 8192\n", strlen(BASE "page_size 8192\n"));

@@ -301,19 +301,24 @@ START_TEST(buf_u64_decimal)
     struct al_buf b = { 0 };
     const uint64_t v[] = { 0, 7, 10, 99, 100, 4096, 10000000000000000000ull, 18446744073709551615ull };
     _al_buf_puts(&b, "[");
-    _al_buf_u64_list(&b, v, 0); /* nothing */
-    _al_buf_u64_list(&b, v, sizeof v / sizeof *v);
+    _al_buf_u64_run(&b, 5, 1, 0); /* nothing */
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        if (i)
+            _al_buf_puts(&b, ", ");
+        _al_buf_u64_run(&b, v[i], 0, 1);
+    }
     _al_buf_puts(&b, "]");
     ck_assert_str_eq(b.data, "[0, 7, 10, 99, 100, 4096, 10000000000000000000, 18446744073709551615]");
-    /* A list longer than the buffer's first size (128 KiB): grown once, to fit it all. */
+    b.len = 0;
+    _al_buf_u64_run(&b, 24, 16, 4);
+    ck_assert_str_eq(b.data, "24, 40, 56, 72");
+    /* A run longer than the buffer's first size (128 KiB): grown to fit it all. */
     enum { N = 20000 };
-    static uint64_t big[N];
-    for (unsigned i = 0; i < N; i++)
-        big[i] = 10000000000000000000ull + i;
     size_t before = b.len;
-    _al_buf_u64_list(&b, big, N);
+    _al_buf_u64_run(&b, 10000000000000000000ull, 1, N);
     ck_assert(!b.failed);
     ck_assert_uint_eq(b.len - before, N * 20 + (N - 1) * 2);
+    ck_assert(memcmp(b.data + before, "10000000000000000000, 10000000000000000001, ", 44) == 0);
     ck_assert(memcmp(b.data + b.len - 20, "10000000000000019999", 20) == 0);
     _al_buf_free(&b);
 }
@@ -324,21 +329,19 @@ END_TEST
 START_TEST(buf_streamed)
 {
     enum { N = 20000 };
-    static uint64_t v[N];
-    for (unsigned i = 0; i < N; i++)
-        v[i] = 24 + 16ull * i;
     struct al_buf whole = { 0 };
     _al_buf_puts(&whole, "{ \"classes\": [");
-    _al_buf_u64_list(&whole, v, N);
+    _al_buf_u64_run(&whole, 24, 16, N);
     _al_buf_printf(&whole, "], \"n\": %d }\n", N);
     ck_assert(!whole.failed);
+    ck_assert(strstr(whole.data, "[24, 40, 56, ") && strstr(whole.data, ", 320008], \"n\": 20000 }\n"));
 
     int fd = memfd_create("streamed", 0);
     ck_assert_int_ge(fd, 0);
     struct al_buf b = { 0 };
     _al_buf_stream(&b, fd);
     _al_buf_puts(&b, "{ \"classes\": [");
-    _al_buf_u64_list(&b, v, N);
+    _al_buf_u64_run(&b, 24, 16, N);
     _al_buf_printf(&b, "], \"n\": %d }\n", N);
     ck_assert_uint_le(b.cap, AL_BUF_CHUNK);
     ck_assert_int_eq(_al_buf_finish(&b), 0);
@@ -354,7 +357,7 @@ START_TEST(buf_streamed)
     ck_assert_int_ge(ro, 0);
     struct al_buf bad = { 0 };
     _al_buf_stream(&bad, ro);
-    _al_buf_u64_list(&bad, v, N); /* more than a chunk: a write is tried, and fails */
+    _al_buf_u64_run(&bad, 24, 16, N); /* more than a chunk: a write is tried, and fails */
     _al_buf_puts(&bad, "]");
     ck_assert_int_eq(_al_buf_finish(&bad), -EBADF);
     close(ro);
