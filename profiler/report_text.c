@@ -135,7 +135,9 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     }
     _al_report_sites_text(b, r);
     _al_buf_printf(b, "profiler     %.1f MiB mapped for its own state, mostly never touched (shadow table %.1f MiB "
-                   "resident); process peak RSS %.1f MiB, alloclens in it\n\n",
-                   (double)r->profiler_bytes / 1048576.0, (double)r->shadow_bytes / 1048576.0,
-                   (double)r->peak_rss_bytes / 1048576.0);
+                   "resident); ", (double)r->profiler_bytes / 1048576.0, (double)r->shadow_bytes / 1048576.0);
+    if (r->peak_rss_bytes)
+        _al_buf_printf(b, "process peak RSS %.1f MiB, alloclens in it\n\n", (double)r->peak_rss_bytes / 1048576.0);
+    else
+        _al_buf_puts(b, "process peak RSS unknown (/proc/self/status unreadable)\n\n");
 }

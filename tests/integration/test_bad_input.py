@@ -584,6 +584,36 @@ def test_configs(tap):
     one_line(tap, desc, p, other)
 
 
+def test_no_proc(tap):
+    """A process that cannot read /proc (a sandbox that does not mount it): the program runs as
+    it would in each mode, its report is written, and the text says the peak RSS is unknown
+    rather than 0 MiB."""
+    probe = run(["unshare", "--mount", "sh", "-c", "umount -l /proc && ! test -e /proc/self/status"])
+    if probe is None or probe.returncode != 0:
+        tap.skip("no /proc", "cannot unmount /proc in a mount namespace of its own here")
+        return
+    for mode in ("full", "time", "sample"):
+        tmp = tmpdir()
+        out, text = os.path.join(tmp, "r.json"), os.path.join(tmp, "r.txt")
+        desc = f"no /proc, --mode {mode}"
+        # Only the program itself preloaded, exec'd by env once /proc is gone.
+        inside = ["unshare", "--mount", "sh", "-c", 'umount -l /proc && exec env "$@"', "sh"]
+        plain = run(inside + [LEAF, "3", "100"], cwd=tmp)
+        prof = run(inside + [f"LD_PRELOAD={SO}", f"ALLOCLENS_MODE={mode}", f"ALLOCLENS_OUTPUT={out}",
+                             f"ALLOCLENS_TEXT={text}", LEAF, "3", "100"], cwd=tmp)
+        same_as_plain(tap, desc, plain, prof)
+        rep = load(out)
+        tap.ok(rep is not None and rep["program"].get("exit_status") == 3, f"{desc}: the report written",
+               show(prof))
+        try:
+            with open(text) as f:
+                said = f.read()
+        except OSError:
+            said = ""
+        tap.ok("process peak RSS unknown (/proc/self/status unreadable)" in said,
+               f"{desc}: the text report says the peak RSS is unknown", said[-800:])
+
+
 def main():
     global SO, LEAF, FORK, NOT_ALLOC, EXEC, OWN_MALLOC, STATIC, CACHE
     SO = altest.so()
@@ -605,6 +635,7 @@ def main():
     test_static_program(tap)
     test_setuid_program(tap)
     test_configs(tap)
+    test_no_proc(tap)
     if not tap.failed:
         for d in DIRS:
             shutil.rmtree(d, ignore_errors=True)
