@@ -37,12 +37,12 @@ struct al_alloc_config {
     uint64_t large_threshold;             /* smallest request served as a large object */
     char confidence[256];                 /* the probe's own account of how sure it is */
     uint32_t nclasses;
-    uint64_t classes[AL_CONFIG_MAX_CLASSES]; /* ascending; the last covers large_threshold - 1 */
-    /* The same classes as runs, filled by the parser (a file's single classes joined where
-     * they are evenly spaced): glibc's 8190 are one. Where only these were filled
-     * (_al_config_load_runs), RUNS_ONLY is set until _al_config_expand. */
+    /* The classes are also kept as runs, filled by the parser (a file's single classes joined
+     * where they are evenly spaced): glibc's 8190 are one. RUNS_ONLY: classes[] is not
+     * filled yet (_al_config_load_runs, until _al_config_expand). */
     bool runs_only;
     uint32_t nruns;
+    uint64_t classes[AL_CONFIG_MAX_CLASSES]; /* ascending; the last covers large_threshold - 1 */
     struct al_class_run runs[AL_CONFIG_MAX_CLASSES];
 };
 
@@ -62,8 +62,7 @@ int _al_config_parse(const char *text, size_t len, const char *name, struct al_a
 /* Reads and parses a file; errors as above ("NAME: cannot read: ..." for I/O). */
 int _al_config_load(const char *path, struct al_alloc_config *out, char *err, size_t errcap);
 /* The same, the classes left as runs (classes[] not written): what a process that only
- * reports them needs. Glibc's 8190 classes were 16 pages of memory to fault in, in every
- * process. */
+ * reports them needs, without writing glibc's 8190 into 16 fresh pages. */
 int _al_config_load_runs(const char *path, struct al_alloc_config *out, char *err, size_t errcap);
 /* Fills classes[] from the runs, where _al_config_load_runs left them out. */
 void _al_config_expand(struct al_alloc_config *c);
@@ -81,8 +80,9 @@ const char *_al_config_style_name(enum al_style s);
 /* The cache file for the allocator library at ALLOCATOR_PATH (0), or -errno; XDG and HOME are
  * the values of XDG_CACHE_HOME and HOME (NULL: unset), as the caller reads its environment. */
 int _al_config_cache_path(const char *allocator_path, const char *xdg, const char *home, char *out, size_t cap);
-/* Loads the cache file PATH of that library into OUT: 0 when it describes the library as it
- * is now; -ENOENT (none), -ESTALE (the library changed since), -EINVAL (broken: ERR says). */
+/* Loads the cache file PATH of that library into OUT, its classes as runs (as
+ * _al_config_load_runs): 0 when it describes the library as it is now; -ENOENT (none),
+ * -ESTALE (the library changed since), -EINVAL (broken: ERR says). */
 int _al_config_cache_lookup(const char *allocator_path, const char *path, struct al_alloc_config *out,
                             char *err, size_t errcap);
 

@@ -43,7 +43,7 @@ int _al_config_cache_lookup(const char *allocator_path, const char *path, struct
     struct al_file_identity now;
     if (_al_config_identity(allocator_path, &now) < 0 || access(path, F_OK) < 0)
         return -ENOENT;
-    if (_al_config_load(path, out, err, errcap) < 0)
+    if (_al_config_load_runs(path, out, err, errcap) < 0)
         return -EINVAL;
     return _al_config_identity_equal(&now, &out->identity) ? 0 : -ESTALE;
 }

@@ -114,7 +114,7 @@ static void version_of(struct al_allocator_info *a, void *handle)
     }
 }
 
-/* By device and inode: two stat calls, where resolving both paths took ten readlinks. */
+/* By device and inode: two stat calls, not the readlinks of resolving both paths. */
 static bool same_file(const char *x, const char *y)
 {
     struct stat sx, sy;
@@ -196,7 +196,7 @@ static int load_cached(struct al_allocator_info *a, struct al_alloc_config *c)
     return -1;
 }
 
-void _al_allocator_load_config(struct al_allocator_info *a, const char *path)
+void _al_allocator_load_config(struct al_allocator_info *a, const char *path, bool classes)
 {
     struct al_alloc_config *c = _al_mem_map(sizeof *c);
     if (!c) {
@@ -204,30 +204,32 @@ void _al_allocator_load_config(struct al_allocator_info *a, const char *path)
         return;
     }
     if (!path || !*path) {
-        if (load_cached(a, c) == 0)
-            a->config = c;
-        else
+        if (load_cached(a, c) < 0) {
             _al_mem_unmap(c, sizeof *c);
-        return;
-    }
-    copy(a->config_path, sizeof a->config_path, path);
-    char err[512];
-    if (_al_config_load_runs(path, c, err, sizeof err) < 0) {
-        _al_log("%s", err);
-        copy(a->config_reason, sizeof a->config_reason, err);
-        _al_mem_unmap(c, sizeof *c);
-        return;
-    }
-    if (a->path[0] && !same_file(c->allocator, a->path)) {
-        snprintf(err, sizeof err, "%.150s describes %.150s, but %.150s serves the calls: not used", path,
-                 c->allocator, a->path);
-        /* Where another allocator than the one asked for serves the calls, this follows from
-         * that, which the main process says in a line (process.c) and every report records. */
-        if (!a->requested[0] && !a->program_defines_malloc)
+            return;
+        }
+    } else {
+        copy(a->config_path, sizeof a->config_path, path);
+        char err[512];
+        if (_al_config_load_runs(path, c, err, sizeof err) < 0) {
             _al_log("%s", err);
-        copy(a->config_reason, sizeof a->config_reason, err);
-        _al_mem_unmap(c, sizeof *c);
-        return;
+            copy(a->config_reason, sizeof a->config_reason, err);
+            _al_mem_unmap(c, sizeof *c);
+            return;
+        }
+        if (a->path[0] && !same_file(c->allocator, a->path)) {
+            snprintf(err, sizeof err, "%.150s describes %.150s, but %.150s serves the calls: not used", path,
+                     c->allocator, a->path);
+            /* Where another allocator than the one asked for serves the calls, this follows from
+             * that, which the main process says in a line (process.c) and every report records. */
+            if (!a->requested[0] && !a->program_defines_malloc)
+                _al_log("%s", err);
+            copy(a->config_reason, sizeof a->config_reason, err);
+            _al_mem_unmap(c, sizeof *c);
+            return;
+        }
     }
+    if (classes)
+        _al_config_expand(c);
     a->config = c;
 }

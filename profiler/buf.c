@@ -23,12 +23,13 @@ static bool grow(struct al_buf *b, size_t need)
         return false;
     if (b->len + need + 1 <= b->cap)
         return true;
-    if (b->streaming && b->len) {
+    if (b->streaming && !b->held && b->len) {
         flush(b);
         if (need + 1 <= b->cap)
             return true;
     }
-    /* Not streaming, a JSON report with a long size-class list fits at once. */
+    /* A streamed report goes out a chunk at a time (more while held); other text, symbols.c's
+     * list of addresses, is made whole, a long one grown by doubling. */
     size_t cap = b->cap ? b->cap : b->streaming ? AL_BUF_CHUNK : 1 << 17;
     while (cap < b->len + need + 1)
         cap *= 2;
@@ -57,7 +58,7 @@ void _al_buf_putn(struct al_buf *b, const char *s, size_t n)
 
 /* V in decimal at D (room for 20 digits); returns the end. Written in place from its last
  * digit back, two digits a division: every report lists the allocator's size classes, 8190
- * of them for glibc, and formatting them was most of a short program's report. */
+ * of them for glibc, and formatting them is most of a short program's report. */
 static char *put_u64(char *d, uint64_t v)
 {
     static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
@@ -164,6 +165,13 @@ void _al_buf_stream(struct al_buf *b, int fd)
 {
     b->streaming = true;
     b->fd = fd;
+}
+
+void _al_buf_hold(struct al_buf *b, bool on)
+{
+    if (on && b->streaming)
+        flush(b);
+    b->held = on;
 }
 
 int _al_buf_finish(struct al_buf *b)

@@ -110,9 +110,9 @@ static bool is_denied(int e)
 /* The kernel turns on a software event kind's hooks as the first event of that kind in the
  * system opens, and off as the last one closes, each time rewriting its code on every CPU
  * (a static key: an interrupt to each CPU, expensive in a VM). Opened and closed one after
- * the other, the probes below turned them on and off again for each event and for the group:
- * each probe's software event is held until init ends instead, so the group opens with the
- * hooks on.
+ * the other, the probes below would turn them on and off again for each event and for the
+ * group: each probe's software event is held until init ends instead, so the group opens with
+ * the hooks on.
  * (Nothing is kept past init: a program finds no descriptor of ours before its first call.) */
 static int held[AL_MAX_EVENTS + 1];
 static unsigned nheld;

@@ -144,11 +144,11 @@ static const char *str_setting(struct al_settings *s, enum al_opt_id id, size_t 
     if (!*v)
         return NULL;
     size_t n = strlen(v);
-    if (n >= cap) {
+    if (n >= cap || n >= sizeof s->strings - s->strings_used) {
         _al_log("%s is longer than %zu bytes; ignored", _al_options[id].env, cap - 1);
         return NULL;
     }
-    char *store = s->strings + s->strings_used; /* room: the limits add up to its size */
+    char *store = s->strings + s->strings_used;
     memcpy(store, v, n + 1);
     s->strings_used += n + 1;
     return store;
@@ -182,7 +182,7 @@ void _al_settings_load(struct al_settings *s)
     s->allocator = str_setting(s, AL_OPT_ALLOCATOR, AL_SETTING_STRING_MAX);
     s->pprof = str_setting(s, AL_OPT_PPROF, AL_SETTING_STRING_MAX);
     s->sample_rate = (uint64_t)num_setting(AL_OPT_SAMPLE_RATE, &given);
-    s->events = str_setting(s, AL_OPT_EVENTS, 1024);
+    s->events = str_setting(s, AL_OPT_EVENTS, AL_SETTING_EVENTS_MAX);
     s->sample_every = (unsigned)num_setting(AL_OPT_SAMPLE_EVERY, &given);
     s->syscalls = num_setting(AL_OPT_SYSCALLS, &given) != 0;
     s->seed = (uint64_t)num_setting(AL_OPT_SEED, &given);

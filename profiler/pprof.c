@@ -10,7 +10,7 @@
  *
  * zlib and libelf are opened (_al_pprof_libs_open) only in a process that writes a profile,
  * and there at start-up, not when the report is written (which may be from a signal that
- * interrupted the dynamic loader): linked, they were loaded into every profiled process. */
+ * interrupted the dynamic loader): linked, they would be loaded into every profiled process. */
 #include <dlfcn.h>
 #include <gelf.h>
 #include <errno.h>
@@ -474,6 +474,12 @@ bool _al_pprof_libs_open(void)
              E(gelf_getshdr, gelf_getshdr) & E(gelf_getnote, gelf_getnote);
 #undef Z
 #undef E
+    if (!lib.ok) { /* nothing of either is called: neither stays loaded */
+        if (z)
+            dlclose(z);
+        if (e)
+            dlclose(e);
+    }
     return lib.ok;
 }
 

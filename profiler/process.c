@@ -175,7 +175,7 @@ void _al_process_start(void)
     }
     /* The process that writes the pprof profile at its end opens zlib and libelf now (a
      * failure is told with the profile). */
-    if (_al_settings.pprof && getpid() == _al_settings.main_pid)
+    if (_al_report_writes_pprof())
         _al_pprof_libs_open();
     _al_report_restart(true);
     _al_threads_phase_restart();
@@ -183,7 +183,7 @@ void _al_process_start(void)
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),
                            _al_settings.allocator);
-    _al_allocator_load_config(&_al_allocator, _al_settings.config);
+    _al_allocator_load_config(&_al_allocator, _al_settings.config, _al_hot.records);
     _al_allocator.threshold_source = "default";
     if (_al_settings.large_threshold_set) {
         _al_allocator.threshold_source = "option";
@@ -191,8 +191,6 @@ void _al_process_start(void)
         _al_hot.large_threshold = _al_allocator.config->large_threshold;
         _al_allocator.threshold_source = "config";
     }
-    if (_al_hot.records && _al_allocator.config)
-        _al_config_expand(_al_allocator.config); /* indexed by the waste's class table */
     if (_al_hot.records)
         _al_waste_init(_al_allocator.config);
     else

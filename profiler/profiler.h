@@ -248,6 +248,7 @@ struct al_buf {
     size_t len, cap;
     bool failed;    /* out of memory: the report says so instead of being silently cut */
     bool streaming; /* the text goes to fd as it is made (_al_buf_stream) */
+    bool held;      /* streaming, but nothing written until released (_al_buf_hold) */
     int fd, werr;   /* streaming: where, and the first write's error (a negative errno) */
 };
 
@@ -264,10 +265,13 @@ int _al_write_all(int fd, const void *data, size_t len);
 /* Writes the whole buffer to fd; 0 or a negative errno. */
 int _al_buf_write_fd(const struct al_buf *b, int fd);
 /* From now on the text of B (empty) goes to FD a chunk at a time, so that it never holds
- * more than about AL_BUF_CHUNK bytes of it: a short program's JSON report was 60 KB, 15
- * pages faulted in, of which the allocator's size classes were most. */
+ * more than about AL_BUF_CHUNK bytes of it: a short program's JSON report is some 60 KB, most
+ * of it the allocator's size classes, 15 fresh pages to fault in were it made whole. */
 #define AL_BUF_CHUNK (16u << 10)
 void _al_buf_stream(struct al_buf *b, int fd);
+/* ON: what a streaming buffer holds is written, and what follows kept, however long, until
+ * released (OFF): text made under a lock that other threads wait for. */
+void _al_buf_hold(struct al_buf *b, bool on);
 /* Writes what a streaming buffer holds yet; 0, or a negative errno (of a write, or -ENOMEM
  * where the text could not be made whole). */
 int _al_buf_finish(struct al_buf *b);
@@ -323,6 +327,9 @@ enum al_mode {
 const char *_al_mode_name(unsigned mode);
 int _al_mode_parse(const char *text); /* the mode named TEXT, or -1 (NULL included) */
 
+#define AL_SETTING_STRING_MAX 4096 /* bytes of a string setting, its NUL included */
+#define AL_SETTING_EVENTS_MAX 1024
+
 struct al_settings {
     const char *output;     /* JSON report path, or NULL */
     const char *text;       /* text report path; "-" is stderr; NULL is none */
@@ -342,10 +349,9 @@ struct al_settings {
     bool under_valgrind;    /* its preload is in LD_PRELOAD: the program runs on its synthetic CPU */
     /* The string values, one after the other: a short program's settings touch one page of
      * this, not one each. Each has its own limit too (AL_SETTING_STRING_MAX, events less). */
-    char strings[7 * 4096];
+    char strings[6 * AL_SETTING_STRING_MAX + AL_SETTING_EVENTS_MAX]; /* six strings and the events */
     size_t strings_used;
 };
-#define AL_SETTING_STRING_MAX 4096
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the
  * variable) and the default kept. Never allocates. */
@@ -1077,8 +1083,8 @@ struct al_allocator_info {
     char version[64];
     char requested[512];   /* what the user asked for, when it differs from what serves */
     bool program_defines_malloc;
-    struct al_alloc_config *config; /* what the pre-run probe found, or NULL (its classes as runs
-                                       until _al_config_expand) */
+    const struct al_alloc_config *config; /* what the pre-run probe found, or NULL; classes[]
+                                             filled only where indexed (full mode) */
     char config_path[512];
     char config_reason[512]; /* why there is no config */
     const char *threshold_source; /* "config", "option" or "default" */
@@ -1099,8 +1105,9 @@ struct al_object {
 bool _al_object_of(const void *addr, struct al_object *out);
 /* Loads the allocator's description (ALLOCLENS_CONFIG, else the cached probe result for the
  * library serving the calls); a config that cannot be read, or that describes another library
- * than the one serving the calls, is reported and not used. */
-void _al_allocator_load_config(struct al_allocator_info *a, const char *path);
+ * than the one serving the calls, is reported and not used. Its classes are kept as runs
+ * alone unless CLASSES asks for classes[] too (what full mode's class table indexes). */
+void _al_allocator_load_config(struct al_allocator_info *a, const char *path, bool classes);
 
 /* ---- report.c / report_json.c / report_text.c --------------------------------------------- */
 
@@ -1156,6 +1163,8 @@ enum al_report_kind {
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 /* Whether this process has a report to write at its end (not a side process without -o). */
 bool _al_report_planned(void);
+/* Whether this process writes the pprof profile at its end (the run's main one, asked to). */
+bool _al_report_writes_pprof(void);
 /* Waits, up to MS milliseconds, for a report another thread has begun to be written. */
 void _al_report_wait_written(unsigned ms);
 /* The signals that end a process by default, asking it to stop, telling it it is over a limit

@@ -205,13 +205,27 @@ static int open_side_report(const char *output, pid_t pid, char *path, size_t ca
     return -1;
 }
 
-static void write_file(const struct al_buf *b, int fd, const char *path)
+/* The text MAKE writes for R, to FD as it is made (-1: its open failed, errno says why). FD is
+ * ours where OWN: closed after, and a failure told naming PATH (stderr full or gone leaves
+ * nowhere to say so). ENDING: the buffer is kept, as write_report says. */
+static void write_to(int fd, const char *path, bool own, void (*make)(struct al_buf *, const struct al_report *),
+                     const struct al_report *r, bool ending)
 {
-    int r = fd < 0 ? -errno : _al_buf_write_fd(b, fd);
-    if (r < 0)
-        _al_log("cannot write the report to %s: %s", path, strerror(-r));
+    int e = fd < 0 ? -errno : 0;
+    if (fd >= 0) {
+        struct al_buf b = { 0 };
+        _al_buf_stream(&b, fd);
+        make(&b, r);
+        e = _al_buf_finish(&b);
+        if (!ending)
+            _al_buf_free(&b);
+    }
+    if (!own)
+        return;
     if (fd >= 0)
         close(fd);
+    if (e < 0)
+        _al_log("cannot write the report to %s: %s", path, strerror(-e));
 }
 
 struct write_args {
@@ -246,8 +260,8 @@ static void write_report(struct write_args *w)
     /* Before the report's own memory could raise the process's peak RSS. */
     _al_sampler_report_begins();
     r = _al_mem_map(sizeof *r);
-    /* --mode sample has no histograms to gather (clearing a table of them faulted in 150
-     * pages, a third of what /bin/true's whole run under alloclens touched). */
+    /* --mode sample has no histograms to gather (a table of them is 150 pages to clear, more
+     * than the rest of a short program's run under alloclens touches). */
     if (_al_hot.timed)
         hist = _al_mem_map((size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
     if (!r || (_al_hot.timed && !hist)) {
@@ -272,39 +286,22 @@ static void write_report(struct write_args *w)
         } else {
             fd = open_side_report(_al_settings.output, r->pid, path, sizeof path, &made);
         }
-        int e = fd < 0 ? -errno : 0;
-        if (fd >= 0) {
-            struct al_buf b = { 0 };
-            _al_buf_stream(&b, fd);
-            _al_report_json(&b, r);
-            e = _al_buf_finish(&b);
-            close(fd);
-            if (!ending)
-                _al_buf_free(&b);
-        }
-        if (e < 0)
-            _al_log("cannot write the report to %s: %s", path, strerror(-e));
+        write_to(fd, path, true, _al_report_json, r, ending);
         if (kind == AL_REPORT_EXEC && fd >= 0 && made)
             snprintf(exec_report_path, sizeof exec_report_path, "%s", path);
     }
     if (main_image && _al_settings.pprof)
         _al_report_pprof(_al_settings.pprof, r->runtime_ns);
     if (main_image && _al_settings.text) {
-        struct al_buf b = { 0 };
-        _al_report_text(&b, r);
         if (strcmp(_al_settings.text, "-") == 0) {
             struct stat now;
             if (stderr_open && fstat(STDERR_FILENO, &now) == 0 && now.st_dev == stderr_at_start.st_dev &&
-                now.st_ino == stderr_at_start.st_ino) {
-                int e = _al_buf_write_fd(&b, STDERR_FILENO);
-                (void)e; /* stderr full or gone: there is nowhere left to say so */
-            }
+                now.st_ino == stderr_at_start.st_ino)
+                write_to(STDERR_FILENO, "stderr", false, _al_report_text, r, ending);
         } else {
             int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);
-            write_file(&b, fd, _al_settings.text);
+            write_to(fd, _al_settings.text, true, _al_report_text, r, ending);
         }
-        if (!ending)
-            _al_buf_free(&b);
     }
 out:
     if (hist && !ending)
@@ -343,6 +340,11 @@ static bool planned(enum al_report_kind kind)
 bool _al_report_planned(void)
 {
     return planned(AL_REPORT_EXIT);
+}
+
+bool _al_report_writes_pprof(void)
+{
+    return _al_settings.pprof && main_at_end(AL_REPORT_EXIT);
 }
 
 static void write_on_own_stack(enum al_report_kind kind, bool has_status, int status)

@@ -122,15 +122,21 @@ static double peak_ns(const struct al_report *r)
     return ns < (double)r->runtime_ns ? ns : (double)r->runtime_ns;
 }
 
-void _al_report_sites_json(struct al_buf *b, const struct al_report *r)
+/* MAKE's text, made under the sampler's lock and written after it: B may be a stream, whose
+ * writes must not hold up threads still taking samples. */
+static void under_lock(struct al_buf *b, void (*make)(struct al_buf *, const struct al_report *),
+                       const struct al_report *r)
+{
+    _al_buf_hold(b, true);
+    _al_sampler_lock();
+    make(b, r);
+    _al_sampler_unlock();
+    _al_buf_hold(b, false);
+}
+
+static void sites_json(struct al_buf *b, const struct al_report *r)
 {
     double cycles_per_ns = r->cycles_per_ns;
-    if (!_al_sampler.enabled) {
-        _al_buf_puts(b, "  \"sites\": { \"available\": false, \"reason\": \"allocation-site sampling is off "
-                        "(ALLOCLENS_SAMPLE_RATE=0)\" }\n");
-        return;
-    }
-    _al_sampler_lock();
     _al_buf_printf(b, "  \"sites\": { \"available\": true, \"sample_rate_bytes\": %.0f, \"seed\": %llu, \"sites\": %u, "
                    "\"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"samples_dropped\": %llu,\n"
                    "    \"peak_source\": \"%s\", \"peak_time_ns\": %.0f,\n",
@@ -150,16 +156,20 @@ void _al_report_sites_json(struct al_buf *b, const struct al_report *r)
     list_json(b, "top_by_internal_fragmentation", by_frag, cycles_per_ns, false);
     list_json(b, "top_by_allocated", by_alloc, cycles_per_ns, true);
     _al_buf_puts(b, "  }\n");
-    _al_sampler_unlock();
 }
 
-void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
+void _al_report_sites_json(struct al_buf *b, const struct al_report *r)
 {
     if (!_al_sampler.enabled) {
-        _al_buf_puts(b, "sites        unavailable: sampling is off (ALLOCLENS_SAMPLE_RATE=0)\n");
+        _al_buf_puts(b, "  \"sites\": { \"available\": false, \"reason\": \"allocation-site sampling is off "
+                        "(ALLOCLENS_SAMPLE_RATE=0)\" }\n");
         return;
     }
-    _al_sampler_lock();
+    under_lock(b, sites_json, r);
+}
+
+static void sites_text(struct al_buf *b, const struct al_report *rep)
+{
     uint32_t n;
     struct al_site **r = ranked(by_peak, &n);
     _al_buf_printf(b, "\nsites        %u call sites sampled every %.0f bytes on average; live at peak %.1f MiB (estimated, ",
@@ -188,7 +198,15 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
     }
     if (r)
         _al_mem_unmap(r, n * sizeof *r);
-    _al_sampler_unlock();
+}
+
+void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
+{
+    if (!_al_sampler.enabled) {
+        _al_buf_puts(b, "sites        unavailable: sampling is off (ALLOCLENS_SAMPLE_RATE=0)\n");
+        return;
+    }
+    under_lock(b, sites_text, rep);
 }
 
 /* ---- pprof --------------------------------------------------------------------------------- */

@@ -1,4 +1,5 @@
 /* The human report: what a person reads on stderr at exit. */
+#include <stdio.h>
 #include <string.h>
 
 #include "profiler.h"
@@ -23,12 +24,15 @@ static void text_note(struct al_buf *b)
 
 void _al_report_text(struct al_buf *b, const struct al_report *r)
 {
-    _al_buf_printf(b, "\n== alloclens report, pid %d:", (int)r->pid);
-    for (size_t i = 0; i < r->argv_len; i += strnlen(r->argv + i, r->argv_len - i) + 1) {
+    char head[64];
+    size_t shown = (size_t)snprintf(head, sizeof head, "\n== alloclens report, pid %d:", (int)r->pid);
+    _al_buf_puts(b, head);
+    /* The line cut after about 4000 bytes of arguments (counted here: B may be streamed). */
+    for (size_t i = 0, n; i < r->argv_len && shown <= 4000; i += n + 1) {
+        n = strnlen(r->argv + i, r->argv_len - i);
         _al_buf_puts(b, " ");
-        _al_buf_puts(b, r->argv + i);
-        if (b->len > 4000)
-            break;
+        _al_buf_putn(b, r->argv + i, n);
+        shown += 1 + n;
     }
     _al_buf_puts(b, "\n");
     const struct al_allocator_info *a = &r->allocator;

@@ -110,8 +110,8 @@ static void mark(const void *p, bool on)
         atomic_store_explicit(&k->over, on ? over + 1 : over - 1, memory_order_relaxed);
         _al_shadow_set_sampled(p, on);
     }
-    bool any = atomic_load_explicit(&k->over, memory_order_relaxed) != 0;
-    for (i = 0; i < BUCKET_ADDRS; i++)
+    bool any = on || atomic_load_explicit(&k->over, memory_order_relaxed) != 0;
+    for (i = 0; !any && i < BUCKET_ADDRS; i++)
         any |= atomic_load_explicit(&k->addr[i], memory_order_relaxed) != 0;
     /* Written only when it changes: the bitmap's lines are read by every free. */
     uint64_t bit = 1ull << (b % 64);
@@ -175,7 +175,7 @@ void _al_sampler_thread_init(struct al_thread *t)
 
 /* ---- set-up ---------------------------------------------------------------------------------- */
 
-void _al_sampler_init(const struct al_settings *set, long hwm)
+void _al_sampler_init(const struct al_settings *set, long hwm_kib)
 {
     _al_sampler.rate = (double)set->sample_rate;
     _al_sampler.seed = set->seed;
@@ -198,7 +198,7 @@ void _al_sampler_init(const struct al_settings *set, long hwm)
     /* The kernel keeps the peak of the image that exec'd this one in getrusage's: where it is
      * above this image's own (VmHWM), this one's rises would not show there. */
     struct rusage ru;
-    if (hwm > 0 && getrusage(RUSAGE_THREAD, &ru) == 0 && ru.ru_maxrss > hwm + 1024)
+    if (hwm_kib > 0 && getrusage(RUSAGE_THREAD, &ru) == 0 && ru.ru_maxrss > hwm_kib + 1024)
         s.inherited_kib = ru.ru_maxrss;
     struct al_object self;
     if (_al_object_of((const void *)_al_sampler_init, &self)) {

@@ -353,6 +353,24 @@ START_TEST(buf_streamed)
     close(fd);
     _al_buf_free(&b);
 
+    /* Held, a streamed buffer writes what it had and then nothing until released. */
+    fd = memfd_create("held", 0);
+    ck_assert_int_ge(fd, 0);
+    struct al_buf h = { 0 };
+    _al_buf_stream(&h, fd);
+    _al_buf_puts(&h, "[");
+    _al_buf_hold(&h, true);
+    ck_assert_int_eq(lseek(fd, 0, SEEK_END), 1);
+    _al_buf_u64_run(&h, 24, 16, N); /* more than a chunk */
+    ck_assert_int_eq(lseek(fd, 0, SEEK_END), 1);
+    _al_buf_hold(&h, false);
+    _al_buf_puts(&h, "]");
+    ck_assert_int_eq(_al_buf_finish(&h), 0);
+    ck_assert_int_eq(lseek(fd, 0, SEEK_END), (off_t)(whole.len - strlen("{ \"classes\": ") -
+                                                      strlen(", \"n\": 20000 }\n")));
+    close(fd);
+    _al_buf_free(&h);
+
     int ro = open("/dev/null", O_RDONLY);
     ck_assert_int_ge(ro, 0);
     struct al_buf bad = { 0 };
