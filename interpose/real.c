@@ -20,6 +20,27 @@ struct al_real_fns _al_real, _al_next;
 
 /* ---- targets built here ------------------------------------------------------------------ */
 
+/* The C++ runtime's own operator, for when the allocator fails (its new-handler loop and
+ * std::bad_alloc). Looked up then if start-up did not find it: a program may load the runtime
+ * after we started (a C program dlopening a C++ library), and into a scope of its own
+ * (RTLD_LOCAL) that RTLD_NEXT does not search, where libstdc++ is found by name. */
+static AL_COLD void *next_cxx(void **slot, const char *name)
+{
+    void *f = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    if (f)
+        return f;
+    f = dlsym(RTLD_NEXT, name);
+    if (!f) {
+        void *h = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD);
+        if (h)
+            f = dlsym(h, name);
+    }
+    /* Without any C++ runtime no C++ code can have called us: NULL is then never used. */
+    __atomic_store_n(slot, f, __ATOMIC_RELAXED);
+    return f;
+}
+#define NEXT_CXX(sym) ((__typeof__(_al_next.sym))next_cxx((void **)&_al_next.sym, #sym))
+
 #define FALLBACK_NEXT(kind, sym, params, args)
 #define FALLBACK_OWN_OR_FREE(kind, sym, params, args) \
     static void fb_##sym params { _al_real.free(p); }
@@ -54,8 +75,8 @@ struct al_real_fns _al_real, _al_next;
     static void *fb_##sym params                                       \
     {                                                                  \
         void *r = _al_real.malloc(n ? n : 1);                          \
-        if (__builtin_expect(!r && _al_next.sym, 0))                   \
-            r = _al_next.sym args;                                     \
+        if (__builtin_expect(!r, 0))                                   \
+            r = NEXT_CXX(sym) args;                                    \
         return r;                                                      \
     }
 #define FALLBACK_OWN_NEW_ALIGNED(kind, sym, params, args)              \
@@ -64,8 +85,8 @@ struct al_real_fns _al_real, _al_next;
         void *r = NULL;                                                \
         if (_al_real.posix_memalign(&r, a < sizeof(void *) ? sizeof(void *) : a, n ? n : 1)) \
             r = NULL;                                                  \
-        if (__builtin_expect(!r && _al_next.sym, 0))                   \
-            r = _al_next.sym args;                                     \
+        if (__builtin_expect(!r, 0))                                   \
+            r = NEXT_CXX(sym) args;                                    \
         return r;                                                      \
     }
 #define FALLBACK_OWN_DELETE(kind, sym, params, args) \
@@ -165,4 +186,5 @@ __attribute__((constructor)) static void alloclens_start(void)
     _al_process_start();
     _al_exit_start();
     _al_signals_start();
+    _al_unwind_glue_init();
 }

@@ -250,6 +250,8 @@ CASES = [
     case("a spin lock taken before alloclens started", "host_spin"),
     case("operator new throws bad_alloc, caught; the program goes on", "host_throw",
          check=check_throw),
+    case("the same from a C++ library a C program loads with dlopen, RTLD_LOCAL",
+         "host_throw_late", ["@throw_plugin"], check=check_throw),
 ]
 
 
@@ -298,6 +300,7 @@ def one(alloc, path, c, progs, plugin):
     plain's directory, profiled's directory); a run that hangs is the string 'timeout'."""
     def argv(tmp):
         subst = {"@leaf": progs["host_leaf"], "@plugin": plugin,
+                 "@throw_plugin": os.path.join(os.path.dirname(plugin), "libhost_throw_plugin.so"),
                  "@data": os.path.join(tmp, "data.out")}
         return [progs[c["prog"]]] + [subst.get(a, a) for a in c["args"]]
     if HANGS.get(alloc, 0) >= MAX_HANGS:

@@ -15,6 +15,10 @@
 //
 // mimalloc, built as C, aborts when a throwing operator new fails, whatever the handler: under
 // it the program says so and throws nothing, the same with and without alloclens.
+//
+// Built with HOST_THROW_PLUGIN, the same is a library for host_throw_late.c, a C program that
+// loads it (and with it the C++ runtime) with dlopen after alloclens has started: its entry
+// point host_throw_run() does what main() does here.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -88,7 +92,11 @@ int run_both()
 
 }  // namespace
 
+#ifdef HOST_THROW_PLUGIN
+extern "C" __attribute__((visibility("default"))) int host_throw_run()
+#else
 int main()
+#endif
 {
     if (dlsym(RTLD_DEFAULT, "mi_version")) {
         std::printf("mimalloc aborts on a failed throwing operator new: nothing thrown\n");
