@@ -32,6 +32,9 @@ struct al_real_fns {
  * loop and throws std::bad_alloc, which C cannot. */
 extern struct al_real_fns _al_real, _al_next;
 
+/* unwind_glue.c: finds libgcc_s's unwinder routines where the process has it loaded. */
+void _al_unwind_glue_init(void);
+
 /* calloc's and reallocarray's byte count; SIZE_MAX when it overflows (the call then fails in
  * the allocator, and the report counts it as a large request). */
 static inline size_t _al_mul_size(size_t k, size_t n)
