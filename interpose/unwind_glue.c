@@ -8,8 +8,11 @@
  * runtime has libgcc_s loaded already: the real routines are looked up there at start-up
  * when it is loaded, else when first needed, without loading anything (resolve). */
 #include <dlfcn.h>
+#include <link.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "interpose.h"
 
@@ -26,21 +29,31 @@ typedef void (*al_resume_fn)(struct _Unwind_Exception *);
 static _Atomic(al_personality_fn) real_personality;
 static _Atomic(al_resume_fn) real_resume;
 
+static int is_libgcc(struct dl_phdr_info *info, size_t size, void *found)
+{
+    (void)size;
+    const char *slash = strrchr(info->dlpi_name, '/');
+    *(bool *)found = strcmp(slash ? slash + 1 : info->dlpi_name, "libgcc_s.so.1") == 0;
+    return *(bool *)found;
+}
+
 /* Both are looked up as the C++ runtime's own references to the unwinder were bound: the global
  * scope first. There _Unwind_Resume is that of the unwinder that raised the exception (libgcc_s,
  * or libunwind, which we load and which defines the same entry points), and libgcc_s's
  * personality routine reads the unwinder's context through its PLT, bound alike. libgcc_s
  * itself may be only in a scope of its own (a C++ library dlopen'ed RTLD_LOCAL by a C program):
- * dlopen with RTLD_NOLOAD finds it there, loading nothing. */
+ * dlopen with RTLD_NOLOAD finds it there, loading nothing. Nothing is looked up before
+ * libgcc_s is seen loaded: a failed dlopen or dlsym allocates its message, and at start-up
+ * that would be counted as the program's call. */
 static void resolve(void)
 {
-    void *gcc = NULL;
-    void *p = dlsym(RTLD_DEFAULT, "__gcc_personality_v0");
-    if (!p && (gcc = dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_NOLOAD)))
-        p = dlsym(gcc, "__gcc_personality_v0");
+    bool loaded = false;
+    dl_iterate_phdr(is_libgcc, &loaded);
+    void *gcc = loaded ? dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (!gcc)
+        return;
+    void *p = dlsym(gcc, "__gcc_personality_v0");
     void *r = dlsym(RTLD_DEFAULT, "_Unwind_Resume");
-    if (!r && gcc)
-        r = dlsym(gcc, "_Unwind_Resume");
     if (p && r) {
         atomic_store_explicit(&real_resume, (al_resume_fn)r, memory_order_release);
         atomic_store_explicit(&real_personality, (al_personality_fn)p, memory_order_release);
