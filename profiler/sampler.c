@@ -414,9 +414,11 @@ static void residency(int pagemap, uintptr_t a, uint64_t n, double out[3])
 static void measure_residency(void)
 {
     s.residency_pending = false;
-    int pagemap = _al_proc_pagemap_open();
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
         memset(_al_sampler.sites[i].at_peak, 0, sizeof _al_sampler.sites[i].at_peak);
+    if (!s.nsamples)
+        return; /* a short program often has none: no pagemap to open */
+    int pagemap = _al_proc_pagemap_open();
     for (uint64_t i = 0; i < s.nsamples; i++) {
         struct sample *e = &s.samples[i];
         if (e->site >= AL_SITES_MAX)
