@@ -57,7 +57,8 @@ void _al_buf_putn(struct al_buf *b, const char *s, size_t n)
 }
 
 /* V in decimal at D (room for 20 digits); returns the end. Written in place from its last
- * digit back, two digits a division. */
+ * digit back, two digits a division: every report lists the allocator's size classes, 8190
+ * of them for glibc, and formatting them is most of a short program's report. */
 static char *put_u64(char *d, uint64_t v)
 {
     static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
@@ -79,48 +80,22 @@ static char *put_u64(char *d, uint64_t v)
     return d + n;
 }
 
-/* STEP added to the decimal number in D[0..*len), digits left-aligned: a digit or two of the
- * step and now and then a carry, where a division per digit pair is what put_u64 costs. */
-static void add_decimal(char *d, unsigned *len, const char *step, unsigned step_len)
-{
-    unsigned carry = 0;
-    int i = (int)*len - 1;
-    for (int j = (int)step_len - 1; j >= 0 || carry; j--, i--) {
-        if (i < 0) { /* one digit more: 999 + 1 */
-            memmove(d + 1, d, *len);
-            d[0] = '0';
-            (*len)++;
-            i = 0;
-        }
-        unsigned v = (unsigned)(d[i] - '0') + carry + (j >= 0 ? (unsigned)(step[j] - '0') : 0);
-        carry = v >= 10;
-        d[i] = (char)('0' + v - (carry ? 10 : 0));
-    }
-}
-
-/* The run's numbers must fit in 64 bits (a config's runs are made of its classes), so that
- * none is longer than 20 digits. */
 void _al_buf_u64_run(struct al_buf *b, uint64_t first, uint64_t step, uint32_t count)
 {
     /* Room for a batch at once, not a check and a copy per number; batches a streaming
-     * buffer's chunk holds. Each number is copied whole, W bytes, then the end moved back. */
-    enum { W = 24, BATCH = AL_BUF_CHUNK / 2 / (W + 2) };
-    char cur[W], sd[W];
-    unsigned len = (unsigned)(put_u64(cur, first) - cur);
-    unsigned step_len = (unsigned)(put_u64(sd, step) - sd);
+     * buffer's chunk holds. */
+    enum { BATCH = AL_BUF_CHUNK / 2 / 22 };
     for (uint32_t i = 0; i < count;) {
         uint32_t k = count - i < BATCH ? count - i : BATCH;
-        if (!grow(b, (size_t)k * (W + 2)))
+        if (!grow(b, (size_t)k * 22))
             return;
         char *d = b->data + b->len;
         for (uint32_t end = i + k; i < end; i++) {
             if (i) {
                 *d++ = ',';
                 *d++ = ' ';
-                add_decimal(cur, &len, sd, step_len);
             }
-            memcpy(d, cur, W);
-            d += len;
+            d = put_u64(d, first + i * step);
         }
         b->len = (size_t)(d - b->data);
         b->data[b->len] = '\0';
