@@ -158,6 +158,11 @@ AL_INLINE bool _al_sample_page_maybe(const void *p)
 
 #include "sampler.h"
 
+/* ---- math.c: what the sampler needs of libm, without loading it --------------------------- */
+
+double _al_math_log(double x);               /* x positive and normal */
+double _al_math_one_minus_exp_neg(double y); /* 1 - e^-y, y >= 0 */
+
 /* ---- tsc.c: cycle counter, its own cost, conversion to ns ---------------------------------- */
 
 AL_INLINE uint64_t _al_tsc(void)

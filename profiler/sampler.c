@@ -15,7 +15,6 @@
  * objects.
  */
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -156,7 +155,7 @@ static int64_t next_countdown(struct al_thread *t)
 {
     /* U uniform in (0, 1]: 53 random bits, never 0, so the log is finite. */
     double u = (double)((splitmix(&t->rng) >> 11) + 1) * 0x1.0p-53;
-    double v = -log(u) * _al_sampler.rate;
+    double v = -_al_math_log(u) * _al_sampler.rate;
     return v >= 0x1.0p62 ? INT64_MAX : (int64_t)v;
 }
 
@@ -561,7 +560,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     uintptr_t frames[AL_SITE_FRAMES];
     unsigned n = capture(frames);
     uint64_t usable = _al_usable_size ? _al_usable_size(p) : size;
-    double prob = -expm1(-((double)size + 1.0) / _al_sampler.rate);
+    double prob = _al_math_one_minus_exp_neg(((double)size + 1.0) / _al_sampler.rate);
     double objects = 1.0 / prob, bytes = (double)size / prob;
     long rss = rss_peak(false);
     uint64_t now = _al_tsc();

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/audit.h>
+#include <math.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
@@ -163,6 +164,35 @@ START_TEST(hist_out_of_memory_still_timed)
         ck_assert_uint_eq(rows[r].timed, OOM_CALLS + HIST_CALLS);
         ck_assert_uint_eq(binned, HIST_CALLS);
     }
+}
+END_TEST
+
+/* math.c's log and 1 - e^-y against libm's, over the ranges the sampler gives them: uniform
+ * draws in (0, 1] down to 2^-53, and size/rate ratios from a byte of a huge rate to thousands;
+ * within 4 units in the last place (relative 2^-50). */
+START_TEST(math_matches_libm)
+{
+    uint64_t x = 12345;
+    for (int i = 0; i < 200000; i++) {
+        x = _al_mix64(x + 0x9e3779b97f4a7c15ull);
+        double u = (double)((x >> 11) + 1) * 0x1.0p-53;
+        double want = log(u), got = _al_math_log(u);
+        ck_assert_msg(fabs(got - want) <= 0x1.0p-50 * fabs(want) + 0x1.0p-1074, "log(%a): %a, libm %a", u, got, want);
+    }
+    const double edges[] = { 0x1.0p-53, 0x1.0p-52, 0.5, 0x1.6a09e667f3bccp-1, 0x1.6a09e667f3bcdp-1,
+                             0.9999999, 1.0 - 0x1.0p-53 };
+    for (size_t i = 0; i < sizeof edges / sizeof *edges; i++)
+        ck_assert_msg(fabs(_al_math_log(edges[i]) - log(edges[i])) <= 0x1.0p-50 * fabs(log(edges[i])),
+                      "log(%a)", edges[i]);
+    ck_assert(_al_math_log(1.0) == 0.0);
+    for (double y = 0x1.0p-60; y < 2000.0; y *= 1.01) {
+        double want = -expm1(-y), got = _al_math_one_minus_exp_neg(y);
+        ck_assert_msg(fabs(got - want) <= 0x1.0p-50 * want, "1 - e^-%a: %a, libm %a", y, got, want);
+    }
+    const double at[] = { 0.0, 0.4999999999, 0.5, 0.69314718, 0.6931471805599453, 1.0, 36.0, 744.9, 745.1 };
+    for (size_t i = 0; i < sizeof at / sizeof *at; i++)
+        ck_assert_msg(fabs(_al_math_one_minus_exp_neg(at[i]) + expm1(-at[i])) <= 0x1.0p-50 * -expm1(-at[i]),
+                      "1 - e^-%a", at[i]);
 }
 END_TEST
 
@@ -616,6 +646,7 @@ int main(void)
     tcase_add_test(tc, hist_bucket_bounds);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
+    tcase_add_test(tc, math_matches_libm);
     tcase_add_test(tc, tsc_overhead_plausible);
     tcase_add_test(tc, tsc_rate_calibration);
     tcase_add_test(tc, options_parse_numbers);
