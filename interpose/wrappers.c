@@ -3,7 +3,7 @@
  *   timed_   the timed modes (full, time), the thread marked busy: time the real call with
  *            the cycle counter, record the object, count it;
  *   counted_ --mode sample, the thread marked busy: forget a sampled object, make the call,
- *            count it (and sample it);
+ *            count it (and sample it); also a large request's way, rare enough;
  *   sampled_ --mode sample, the call counted already by the export: make it, sample it;
  *   slow_    anything unusual: first call of a thread, a nested call, start-up, the
  *            report written from _exit (served from our own pool: bootstrap.c);
@@ -94,7 +94,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
     _al_call_end(t, AL_OP_##op, counted_, c1 - c0)
 
 #define WRAP_ALLOC(op, sym, params, args, size, align, target)                         \
-    static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
+    static AL_NOINLINE void *timed_##sym(AL_STRIP(params), struct al_thread *t)        \
     {                                                                                  \
         t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_hot.large_threshold;                            \
@@ -103,7 +103,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         return r;                                                                      \
     }                                                                                  \
     /* --mode sample, the call already counted: this allocation is the one to sample. */ \
-    static AL_NOINLINE void *sampled_##sym(struct al_thread *t, AL_STRIP(params))      \
+    static AL_NOINLINE void *sampled_##sym(AL_STRIP(params), struct al_thread *t)      \
     {                                                                                  \
         t->busy = 1;                                                                   \
         AL_BUSY_GUARD(target)                                                          \
@@ -113,7 +113,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         _al_unbusy(t);                                                                 \
         return r;                                                                      \
     }                                                                                  \
-    static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
+    static AL_NOINLINE void *counted_##sym(AL_STRIP(params), struct al_thread *t)      \
     {                                                                                  \
         t->busy = 1;                                                                   \
         AL_IF_THROWS(target, struct al_unwind guard_ __attribute__((cleanup(al_unwind_cleanup))) = { \
@@ -129,7 +129,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return _al_own_alloc((size), (align));                                     \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
+            return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return _al_bootstrap_alloc(size);                                              \
@@ -141,9 +141,11 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return slow_##sym args;                                                    \
         /* Unhinted, GCC lays --mode sample's path out straight, the timed modes' jump. */\
         if (_al_hot.timed)                                                             \
-            return timed_##sym(t, AL_STRIP(args));                                     \
-        if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, (size))))                \
-            return sampled_##sym(t, AL_STRIP(args));                                   \
+            return timed_##sym(AL_STRIP(args), t);                                     \
+        if (AL_UNLIKELY((size) >= _al_hot.large_threshold))                            \
+            return counted_##sym(AL_STRIP(args), t);                                   \
+        if (AL_UNLIKELY(!_al_count_small_first(t, AL_OP_##op, (size))))                \
+            return sampled_##sym(AL_STRIP(args), t);                                   \
         if (AL_TAIL_##target)                                                          \
             return _al_real.sym args;                                                  \
         t->busy = 1;                                                                   \
@@ -157,7 +159,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
 /* An object given to realloc is retired (and forgotten by the sampler) first: once the
  * allocator has the address back another thread may get it, and record or sample it. */
 #define WRAP_REALLOC(op, sym, params, args, size, align, target)                       \
-    static AL_NOINLINE void *timed_##sym(struct al_thread *t, AL_STRIP(params))        \
+    static AL_NOINLINE void *timed_##sym(AL_STRIP(params), struct al_thread *t)        \
     {                                                                                  \
         t->busy = 1;                                                                   \
         struct al_waste_undo undo;                                                     \
@@ -178,7 +180,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
     }                                                                                  \
-    static AL_NOINLINE void *counted_##sym(struct al_thread *t, AL_STRIP(params))      \
+    static AL_NOINLINE void *counted_##sym(AL_STRIP(params), struct al_thread *t)      \
     {                                                                                  \
         t->busy = 1;                                                                   \
         _al_sample_forget(p);                                                          \
@@ -194,7 +196,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return _al_bootstrap_realloc(p, (size));                                   \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
+            return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return _al_bootstrap_alloc(size);                                              \
@@ -205,14 +207,14 @@ static inline void al_busy_cleanup(struct al_thread **t)
         if (AL_UNLIKELY(!t || t->busy || _al_bootstrap_owns(p)))                       \
             return slow_##sym args;                                                    \
         if (AL_LIKELY(_al_hot.timed))                                                  \
-            return timed_##sym(t, AL_STRIP(args));                                     \
-        return counted_##sym(t, AL_STRIP(args));                                       \
+            return timed_##sym(AL_STRIP(args), t);                                     \
+        return counted_##sym(AL_STRIP(args), t);                                       \
     }
 
 /* A freed object's record is retired before the real free: once the allocator has the address
  * back, another thread may be handed it and record its own object there. */
 #define WRAP_FREE(op, sym, params, args, size, align, target)                          \
-    static AL_NOINLINE void timed_##sym(struct al_thread *t, AL_STRIP(params))         \
+    static AL_NOINLINE void timed_##sym(AL_STRIP(params), struct al_thread *t)         \
     {                                                                                  \
         t->busy = 1;                                                                   \
         unsigned large = !p ? 0 : AL_LIKELY(_al_hot.records) ? _al_waste_free(t, p, NULL) & 1 \
@@ -220,7 +222,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         AL_TIMED_CALL(op, large, 0, target, _al_real.sym args);                        \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \
-    static AL_NOINLINE void counted_##sym(struct al_thread *t, AL_STRIP(params))       \
+    static AL_NOINLINE void counted_##sym(AL_STRIP(params), struct al_thread *t)       \
     {                                                                                  \
         t->busy = 1;                                                                   \
         _al_sample_forget(p);                                                          \
@@ -233,9 +235,9 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return; /* the process is ending: kept, not handed back */                 \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t && _al_hot.timed)                                                        \
-            timed_##sym(t, AL_STRIP(args));                                            \
+            timed_##sym(AL_STRIP(args), t);                                            \
         else if (t)                                                                    \
-            counted_##sym(t, AL_STRIP(args));                                          \
+            counted_##sym(AL_STRIP(args), t);                                          \
         else if (AL_LIKELY(_al_real.sym != NULL))                                      \
             _al_real.sym args;                                                         \
     }                                                                                  \
@@ -249,13 +251,13 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return;                                                                    \
         }                                                                              \
         if (_al_hot.timed) {                                                           \
-            timed_##sym(t, AL_STRIP(args));                                            \
+            timed_##sym(AL_STRIP(args), t);                                            \
             return;                                                                    \
         }                                                                              \
         /* --mode sample: a page that holds a sampled object takes the busy path (so   \
          * may free(NULL), when page 0's bucket is set: that path takes NULL too). */  \
         if (AL_UNLIKELY(_al_sample_page_maybe(p))) {                                   \
-            counted_##sym(t, AL_STRIP(args));                                          \
+            counted_##sym(AL_STRIP(args), t);                                          \
             return;                                                                    \
         }                                                                              \
         _al_count_free_first(t, AL_OP_##op);                                           \
@@ -281,7 +283,7 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
 }
 
 #define WRAP_MEMALIGN(op, sym, params, args, size, align, target)                      \
-    static AL_NOINLINE int timed_##sym(struct al_thread *t, AL_STRIP(params))          \
+    static AL_NOINLINE int timed_##sym(AL_STRIP(params), struct al_thread *t)          \
     {                                                                                  \
         t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_hot.large_threshold;                            \
@@ -289,7 +291,7 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
         _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
     }                                                                                  \
-    static AL_NOINLINE int counted_##sym(struct al_thread *t, AL_STRIP(params))        \
+    static AL_NOINLINE int counted_##sym(AL_STRIP(params), struct al_thread *t)        \
     {                                                                                  \
         t->busy = 1;                                                                   \
         int rc = _al_real.sym args;                                                    \
@@ -302,7 +304,7 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
             return own_memalign(out, (align), (size));                                 \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
-            return _al_hot.timed ? timed_##sym(t, AL_STRIP(args)) : counted_##sym(t, AL_STRIP(args)); \
+            return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
             return _al_real.sym args;                                                  \
         return ENOMEM;                                                                 \
@@ -313,8 +315,8 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
         if (AL_UNLIKELY(!t || t->busy))                                                \
             return slow_##sym args;                                                    \
         if (AL_LIKELY(_al_hot.timed))                                                  \
-            return timed_##sym(t, AL_STRIP(args));                                     \
-        return counted_##sym(t, AL_STRIP(args));                                       \
+            return timed_##sym(AL_STRIP(args), t);                                     \
+        return counted_##sym(AL_STRIP(args), t);                                       \
     }
 
 /* --mode sample: which malloc-like and free targets may be jumped to with the thread not

@@ -31,10 +31,15 @@ struct al_settings;
 #define AL_INLINE static inline __attribute__((always_inline))
 #define AL_HIDDEN __attribute__((visibility("hidden")))
 
-/* Relaxed load/store of counters another thread may read at report time: plain moves on
- * x86-64, but race-free in the C memory model. */
+/* Counters only their thread writes and another may read at report time. Read relaxed; added
+ * to with one add to memory, an aligned 8-byte store as whole to a reader as a relaxed store
+ * (the compiler makes a relaxed load, add and store three instructions, on every call's path). */
 #define AL_READ(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
-#define AL_BUMP(x, v) __atomic_store_n(&(x), __atomic_load_n(&(x), __ATOMIC_RELAXED) + (v), __ATOMIC_RELAXED)
+#define AL_BUMP(x, v)                                                                \
+    do {                                                                             \
+        _Static_assert(sizeof(x) == 8, "a 64-bit counter");                          \
+        __asm__("addq %1, %0" : "+m"(x) : "er"((uint64_t)(v)));                      \
+    } while (0)
 
 /* ---- ops.c: the operation kinds and the ops-table row layout -------------------------------- */
 
@@ -111,16 +116,16 @@ AL_INLINE uint64_t _al_fib_hash(uint64_t x, unsigned bits)
 }
 
 /* Buckets of _al_hot.sample_pages: a page's number modulo AL_SAMPLE_PAGES, so the pages of
- * any 16 MiB of heap each have a bucket of their own, folded with the number of its 16 MiB, so
- * that the same page of heaps laid out alike 16 MiB apart (glibc's 64 MiB arenas) does not
- * share one. A free finds its bit with three shifts, a xor and a mask (a multiplicative hash
- * cost it an imul's latency more). */
+ * any 16 MiB of heap each have a bucket of their own. A free finds its bit with two shifts and
+ * a mask. The same page of heaps 16 MiB apart (glibc's 64 MiB arenas) shares a bucket: a free
+ * there may look for its address among the sampler's in vain, which is rare next to the
+ * instructions a fold of the higher bits would add to every free. */
 #define AL_SAMPLE_PAGES 4096
 
 AL_INLINE unsigned _al_sample_page(const void *p)
 {
     uintptr_t page = (uintptr_t)p >> 12;
-    return (unsigned)(page ^ (page >> 12)) & (AL_SAMPLE_PAGES - 1);
+    return (unsigned)page & (AL_SAMPLE_PAGES - 1);
 }
 
 /* The globals every allocation call reads, on one page of their own (record.c). Beyond its
@@ -1001,15 +1006,23 @@ AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large,
 }
 
 /* --mode sample: a count per row (no timing, no address tracking: reuse is n/a, and a free's
- * size class is not known), and the sampler's countdown. Counted before the call, so the
- * wrapper can jump to the allocator and leave it to return to the program: the thread is not
- * marked busy, which is safe only for targets that never call back into an interposed
- * function. False when this allocation is the one to sample: the caller then makes the call
- * with the thread busy, and samples it. */
+ * size class is not known), and the sampler's countdown. False when this allocation is the
+ * one to sample: the caller then makes the call with the thread busy, and samples it. */
 AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t size)
 {
     unsigned row = _al_row_index(op, size >= _al_hot.large_threshold, AL_REUSE_NA, _al_phase_now());
     AL_BUMP(t->rows[row].count, 1);
+    return !_al_sample_due(t, size);
+}
+
+/* The same for a small request (the caller has sent large ones the busy way): its row is a
+ * constant and the phase, not worked out from the size. Counted before the call, so the
+ * wrapper can jump to the allocator and leave it to return to the program: the thread is not
+ * marked busy, which is safe only for targets that never call back into an interposed
+ * function. */
+AL_INLINE bool _al_count_small_first(struct al_thread *t, unsigned op, size_t size)
+{
+    AL_BUMP(t->rows[_al_row_index(op, 0, AL_REUSE_NA, _al_phase_now())].count, 1);
     return !_al_sample_due(t, size);
 }
 
