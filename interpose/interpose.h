@@ -30,7 +30,7 @@ struct al_real_fns {
 /* Where each entry point forwards to, and (for the C++ operators we build on the malloc
  * family) the next definition, used only when the allocator fails: it runs the new-handler
  * loop and throws std::bad_alloc, which C cannot. */
-extern struct al_real_fns _al_real, _al_next;
+extern struct al_real_fns _al_real AL_HIDDEN, _al_next AL_HIDDEN;
 
 /* unwind_glue.c: finds libgcc_s's unwinder routines where the process has it loaded. */
 void _al_unwind_glue_init(void);
@@ -74,7 +74,7 @@ void *_al_bootstrap_realloc(void *p, size_t size);
 size_t _al_bootstrap_usable_size(const void *p);
 void *_al_own_alloc(size_t size, size_t alignment);
 void *_al_own_realloc(void *p, size_t size);
-extern __thread bool _al_own_memory __attribute__((tls_model("initial-exec")));
+extern __thread bool _al_own_memory __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
 #define AL_BOOTSTRAP_POOL_SIZE (4u << 20)
 #define AL_PAGE 4096u /* what valloc and pvalloc align to on x86-64 */
 extern char _al_bootstrap_pool[AL_BOOTSTRAP_POOL_SIZE] AL_HIDDEN;

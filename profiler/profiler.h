@@ -153,7 +153,7 @@ struct al_hot {
     _Alignas(64) _Atomic uint64_t sample_pages[AL_SAMPLE_PAGES / 64];
 };
 
-extern struct al_hot _al_hot;
+extern struct al_hot _al_hot AL_HIDDEN;
 
 AL_INLINE bool _al_sample_page_maybe(const void *p)
 {
@@ -320,7 +320,7 @@ enum al_opt_id {
     AL_OPT_N
 };
 
-extern const struct al_option _al_options[AL_OPT_N];
+extern const struct al_option _al_options[AL_OPT_N] AL_HIDDEN;
 
 /* Parses a numeric option value ("4096", "128k", "1M", "2G"); 0 on success, -EINVAL on
  * garbage, -ERANGE outside [min, max]. */
@@ -393,7 +393,7 @@ int _al_fd_high(int fd);
 int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
-extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
+extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 
@@ -441,7 +441,7 @@ struct al_syscalls_state {
     char reason[256];
 };
 
-extern struct al_syscalls_state _al_syscalls;
+extern struct al_syscalls_state _al_syscalls AL_HIDDEN;
 
 /* ---- seccomp.c: the program's own seccomp filters ------------------------------------------ */
 
@@ -451,7 +451,7 @@ struct seccomp_data;
 
 /* True from the moment the program starts installing a seccomp filter (as long as one it
  * installed holds): later threads start no syscall user dispatch and no event counting. */
-extern _Atomic bool _al_seccomp_on;
+extern _Atomic bool _al_seccomp_on AL_HIDDEN;
 
 /* Around the program's install of a filter (PROG; STRICT: strict mode): the second keeps a
  * copy of the filter if OK (it was installed). Installs may overlap (several threads). */
@@ -487,7 +487,7 @@ struct al_held {
     uint64_t since;
 };
 
-extern struct al_lock_stats *_al_locks;
+extern struct al_lock_stats *_al_locks AL_HIDDEN;
 
 #define AL_CONTEXT_SLOTS 4
 
@@ -529,7 +529,7 @@ _Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row
                    offsetof(struct al_thread, ctr.countdown) + sizeof(unsigned) <= 4096,
                "a call's fields of struct al_thread fit on its first page");
 
-extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
+extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
 
 #define AL_BUSY_EXITING 2 /* busy for good: no _al_unbusy will come */
 
@@ -714,7 +714,7 @@ struct al_waste_state {
     uint64_t snapshots;
 };
 
-extern struct al_waste_state _al_waste;
+extern struct al_waste_state _al_waste AL_HIDDEN;
 
 struct al_waste_undo {
     uint64_t requested;
@@ -804,7 +804,7 @@ AL_INLINE uint64_t _al_tsc_net(uint64_t cycles)
 {
     return cycles > _al_hot.tsc_overhead ? cycles - _al_hot.tsc_overhead : 0;
 }
-extern struct al_first_call _al_first;
+extern struct al_first_call _al_first AL_HIDDEN;
 
 bool _al_record_first(unsigned row, uint64_t cycles);
 uint64_t *_al_thread_hist_row(struct al_thread *t, unsigned row);
@@ -881,7 +881,7 @@ void _al_lock_acquired(struct al_thread *t, const void *lock, bool contended, ui
 void _al_lock_released(struct al_thread *t, const void *lock, uint64_t now);
 void _al_locks_init(void);
 
-extern enum al_mode _al_mode;
+extern enum al_mode _al_mode AL_HIDDEN;
 
 /* The sampler's hot path: one subtraction, one branch (sampler.c has the rest). An
  * allocation of SIZE counts down SIZE + 1 bytes (the estimator relies on the + 1); true when
@@ -1050,8 +1050,8 @@ AL_INLINE void _al_count_free(struct al_thread *t, unsigned op)
 
 enum al_state { AL_STATE_NEW, AL_STATE_INITIALIZING, AL_STATE_READY };
 
-extern _Atomic int _al_state;
-extern struct al_settings _al_settings;
+extern _Atomic int _al_state AL_HIDDEN;
+extern struct al_settings _al_settings AL_HIDDEN;
 
 /* Interposer callbacks, so process.c can resolve symbols without depending on interpose/. */
 typedef size_t al_usable_size_fn(void *);
@@ -1066,10 +1066,10 @@ struct al_process_hooks {
 
 /* The allocator's malloc_usable_size (ours, first in the global scope, only forwards to it),
  * resolved with the rest at start-up; NULL if it has none. */
-extern al_usable_size_fn *_al_usable_size;
+extern al_usable_size_fn *_al_usable_size AL_HIDDEN;
 /* The C library's posix_spawn, resolved likewise (ours checks whether LD_PRELOAD reaches the
  * program's children), or NULL: what starts the symbolizer helper. */
-extern const void *_al_real_posix_spawn;
+extern const void *_al_real_posix_spawn AL_HIDDEN;
 
 void _al_process_init(const struct al_process_hooks *hooks);
 void _al_process_start(void); /* from our constructor, once libc is set up */
@@ -1108,7 +1108,7 @@ struct al_allocator_info {
     const char *threshold_source; /* "config", "option" or "default" */
 };
 
-extern struct al_allocator_info _al_allocator;
+extern struct al_allocator_info _al_allocator AL_HIDDEN;
 
 void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc,
                             const void *own_malloc, const char *requested);
@@ -1195,7 +1195,7 @@ struct al_ending_signal {
     int sig;
     bool crash;
 };
-extern const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS];
+extern const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS] AL_HIDDEN;
 void _al_report_forget_exec(void);
 void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
 
