@@ -89,7 +89,9 @@ int _al_config_cache_lookup(const char *allocator_path, const char *path, struct
 /* ---- size_class.c: O(1) request size -> class size ---------------------------------------- */
 
 /* Two linear tables: one for requests up to AL_CLASS_SPLIT bytes, one above, each with the
- * coarsest power-of-two granularity that divides every class boundary in its range. */
+ * coarsest power-of-two granularity that divides every class boundary in its range. Classes
+ * that are one run with a power-of-two step (glibc's 8190, 24..131048/16) need neither tables
+ * nor the list of classes: a class's index and size are worked out. */
 #define AL_CLASS_SPLIT 65536u
 
 struct al_class_table {
@@ -97,12 +99,19 @@ struct al_class_table {
     unsigned shift_lo, shift_hi;
     uint32_t n_lo, n_hi;
     uint32_t *lo, *hi;          /* class index for each granule */
-    const uint64_t *classes;
+    const uint64_t *classes;    /* the config's classes[]; NULL for one run */
+    bool one_run;               /* classes first, first + 2^step_shift, ... */
+    unsigned step_shift;
+    uint64_t first;
 };
 
-/* Bytes the tables need for config C (so callers can provide them from their own memory). */
+/* Whether config C's classes are one run the table works out without classes[] (so a loader
+ * that only builds the table need not expand the runs). */
+bool _al_class_table_one_run(const struct al_alloc_config *c);
+/* Bytes the tables need for config C (so callers can provide them from their own memory); 0
+ * for one run, which needs none, and for an invalid config. */
 size_t _al_class_table_bytes(const struct al_alloc_config *c);
-/* Builds the tables in MEM (of _al_class_table_bytes bytes); 0 or -EINVAL. */
+/* Builds the tables in MEM (of _al_class_table_bytes bytes; none for one run); 0 or -EINVAL. */
 int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config *c, void *mem);
 
 /* The index of the class serving a small request of SIZE bytes (below the threshold). */
@@ -110,7 +119,15 @@ static inline uint32_t _al_class_index(const struct al_class_table *t, uint64_t 
 {
     if (size == 0)
         size = 1;
+    if (t->one_run)
+        return size <= t->first ? 0 : (uint32_t)((size - t->first + (1ull << t->step_shift) - 1) >> t->step_shift);
     return size <= AL_CLASS_SPLIT ? t->lo[(size - 1) >> t->shift_lo] : t->hi[(size - AL_CLASS_SPLIT - 1) >> t->shift_hi];
+}
+
+/* The size of class K. */
+static inline uint64_t _al_class_size(const struct al_class_table *t, uint32_t k)
+{
+    return t->one_run ? t->first + ((uint64_t)k << t->step_shift) : t->classes[k];
 }
 
 /* The class size serving a request of SIZE bytes; 0 when SIZE is large. */
@@ -118,7 +135,7 @@ static inline uint64_t _al_class_of(const struct al_class_table *t, uint64_t siz
 {
     if (size >= t->threshold)
         return 0;
-    return t->classes[_al_class_index(t, size)];
+    return _al_class_size(t, _al_class_index(t, size));
 }
 
 #endif

@@ -1,7 +1,9 @@
 /* O(1) request size -> size class: two linear tables of class indexes, one for requests up to
  * AL_CLASS_SPLIT and one above, each at the coarsest power-of-two granularity that keeps
- * every class boundary on a granule boundary (16 bytes for glibc, 8 KiB and more above 64 KiB
- * for the BiBOP allocators), so the tables stay small whatever the threshold. */
+ * every class boundary on a granule boundary (8 KiB and more above 64 KiB for the BiBOP
+ * allocators), so the tables stay small whatever the threshold. Classes that are one run with
+ * a power-of-two step are worked out instead: glibc's 8190 would take 128 KiB of tables at 8-byte
+ * granules, built and faulted in by every process under full mode. */
 #include <errno.h>
 #include <string.h>
 
@@ -39,11 +41,19 @@ static void layout(const struct al_alloc_config *c, unsigned *s_lo, unsigned *s_
     }
 }
 
+bool _al_class_table_one_run(const struct al_alloc_config *c)
+{
+    if (c->nruns != 1 || c->runs[0].count != c->nclasses)
+        return false;
+    uint64_t step = c->runs[0].step;
+    return c->runs[0].count == 1 || (step && !(step & (step - 1)));
+}
+
 size_t _al_class_table_bytes(const struct al_alloc_config *c)
 {
     unsigned s_lo, s_hi;
     uint32_t n_lo, n_hi;
-    if (!c->nclasses || c->large_threshold < 2)
+    if (!c->nclasses || c->large_threshold < 2 || _al_class_table_one_run(c))
         return 0;
     layout(c, &s_lo, &s_hi, &n_lo, &n_hi);
     return ((size_t)n_lo + n_hi) * sizeof(uint32_t);
@@ -69,6 +79,14 @@ static void fill(uint32_t *out, uint32_t n, uint64_t base, unsigned shift, const
 
 int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config *c, void *mem)
 {
+    if (_al_class_table_one_run(c)) {
+        const struct al_class_run *r = &c->runs[0];
+        if (c->large_threshold < 2 || _al_config_last_class(c) + 1 < c->large_threshold)
+            return -EINVAL;
+        *t = (struct al_class_table){ .threshold = c->large_threshold, .one_run = true, .first = r->first,
+                                      .step_shift = r->count > 1 ? (unsigned)__builtin_ctzll(r->step) : 0 };
+        return 0;
+    }
     if (!c->nclasses || c->large_threshold < 2 || c->classes[c->nclasses - 1] + 1 < c->large_threshold)
         return -EINVAL;
     layout(c, &t->shift_lo, &t->shift_hi, &t->n_lo, &t->n_hi);
@@ -78,6 +96,7 @@ int _al_class_table_build(struct al_class_table *t, const struct al_alloc_config
     t->hi = t->lo + t->n_lo;
     t->threshold = c->large_threshold;
     t->classes = c->classes;
+    t->one_run = false;
     uint32_t k = 0; /* the classes rise through both tables */
     fill(t->lo, t->n_lo, 0, t->shift_lo, c, &k);
     fill(t->hi, t->n_hi, AL_CLASS_SPLIT, t->shift_hi, c, &k);

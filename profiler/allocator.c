@@ -229,7 +229,7 @@ void _al_allocator_load_config(struct al_allocator_info *a, const char *path, bo
             return;
         }
     }
-    if (classes)
+    if (classes && !_al_class_table_one_run(c))
         _al_config_expand(c);
     a->config = c;
 }

@@ -783,7 +783,7 @@ AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, uns
     bool reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
     if (AL_UNLIKELY(!reused))
         _al_heap_see(a);
-    int64_t *row = t->cls[slot], size = (int64_t)_al_waste.table.classes[slot];
+    int64_t *row = t->cls[slot], size = (int64_t)_al_class_size(&_al_waste.table, slot);
     AL_BUMP(row[AL_CLS_OBJECTS], 1);
     AL_BUMP(row[AL_CLS_REQUESTED], (int64_t)req);
     _al_waste_take_blowup(row, slot, size);
@@ -943,7 +943,7 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
     if (AL_UNLIKELY((o.requested >= _al_hot.large_threshold) | o.odd | !_al_waste.has_table))
         return _al_waste_count_free(t, p, &o, undo);
     uint32_t slot = _al_class_index(&_al_waste.table, o.requested);
-    int64_t *row = t->cls[slot], bytes = (int64_t)_al_waste.table.classes[slot];
+    int64_t *row = t->cls[slot], bytes = (int64_t)_al_class_size(&_al_waste.table, slot);
     _al_waste_countback(t, o.requested);
     AL_BUMP(row[AL_CLS_OBJECTS], -1);
     AL_BUMP(row[AL_CLS_REQUESTED], -(int64_t)o.requested);
@@ -1124,7 +1124,8 @@ bool _al_object_of(const void *addr, struct al_object *out);
 /* Loads the allocator's description (ALLOCLENS_CONFIG, else the cached probe result for the
  * library serving the calls); a config that cannot be read, or that describes another library
  * than the one serving the calls, is reported and not used. Its classes are kept as runs
- * alone unless CLASSES asks for classes[] too (what full mode's class table indexes). */
+ * alone unless CLASSES asks for classes[] too (what full mode's class table indexes, but for
+ * one run of classes, which it works out). */
 void _al_allocator_load_config(struct al_allocator_info *a, const char *path, bool classes);
 
 /* ---- report.c / report_json.c / report_text.c --------------------------------------------- */

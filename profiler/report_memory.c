@@ -54,7 +54,7 @@ static const char *row_name(uint32_t i, char *buf, size_t cap)
 {
     if (i >= _al_waste.nclasses)
         return i == _al_waste.slot_large ? "large" : "small";
-    snprintf(buf, cap, "%llu", (unsigned long long)_al_waste.table.classes[i]);
+    snprintf(buf, cap, "%llu", (unsigned long long)_al_class_size(&_al_waste.table, i));
     return buf;
 }
 

@@ -76,9 +76,9 @@ void _al_waste_init(const struct al_alloc_config *c)
         return;
     }
     if (c && c->large_threshold == _al_hot.large_threshold) {
-        size_t bytes = _al_class_table_bytes(c);
+        size_t bytes = _al_class_table_bytes(c); /* none for one run of classes */
         void *mem = bytes ? _al_mem_map(bytes) : NULL;
-        if (mem && _al_class_table_build(&w->table, c, mem) == 0) {
+        if ((mem || !bytes) && _al_class_table_build(&w->table, c, mem) == 0) {
             w->has_table = true;
             w->nclasses = c->nclasses;
         }
@@ -175,7 +175,7 @@ static uint32_t classify(void *p, uint64_t a, uint64_t req, unsigned large, bool
         return _al_waste.slot_any;
     }
     uint32_t slot = _al_class_index(&_al_waste.table, req);
-    uint64_t c = _al_waste.table.classes[slot];
+    uint64_t c = _al_class_size(&_al_waste.table, slot);
     *bytes = (int64_t)c;
     if (maybe_odd) {
         uint64_t u = usable(p);
@@ -306,7 +306,7 @@ static void take(struct al_waste_snapshot *s, uint64_t total, int pagemap)
             !_al_table_row_written(s->pages, i, sizeof *s->cls))
             continue;
         int64_t objects = snap.sums[i][AL_CLS_OBJECTS], req = snap.sums[i][AL_CLS_REQUESTED];
-        int64_t size = i < w->nclasses ? (int64_t)w->table.classes[i] : 0;
+        int64_t size = i < w->nclasses ? (int64_t)_al_class_size(&w->table, i) : 0;
         int64_t internal = objects * size + snap.sums[i][AL_CLS_EXTRA] - req;
         int64_t blowup = atomic_load_explicit(&w->blowup[i], memory_order_relaxed);
         if (internal < 0 || (i == w->slot_any && !_al_usable_size))

@@ -622,9 +622,12 @@ END_TEST
 static size_t check_every_size(const struct al_alloc_config *c)
 {
     size_t bytes = _al_class_table_bytes(c);
-    ck_assert_uint_gt(bytes, 0);
+    if (_al_class_table_one_run(c))
+        ck_assert_uint_eq(bytes, 0); /* worked out: no tables */
+    else
+        ck_assert_uint_gt(bytes, 0);
     ck_assert_msg(bytes < (1u << 20), "table of %zu bytes", bytes);
-    void *mem = malloc(bytes);
+    void *mem = malloc(bytes ? bytes : 1);
     ck_assert_ptr_nonnull(mem);
     struct al_class_table t;
     ck_assert_int_eq(_al_class_table_build(&t, c, mem), 0);
@@ -780,6 +783,43 @@ START_TEST(lookup_small_threshold)
 }
 END_TEST
 
+/* Classes that are one run with a power-of-two step are worked out, no tables, no class list:
+ * glibc's, one class, and a run whose start is no multiple of its step; a run of another step,
+ * or two runs, take the tables. Every size checked against the classes the parser listed. */
+START_TEST(lookup_one_run)
+{
+    static const struct {
+        const char *text;
+        bool one_run;
+    } cases[] = {
+        { BASE_HEAD "large_threshold 131049\nsize_classes 24..131048/16\n", true },
+        { BASE_HEAD "large_threshold 4097\nsize_classes 4096\n", true },
+        { BASE_HEAD "large_threshold 1001\nsize_classes 40..1064/64\n", true },
+        { BASE_HEAD "large_threshold 1001\nsize_classes 24..1008/24\n", false },
+        { BASE_HEAD "large_threshold 1001\nsize_classes 16..512/16 1024\n", false },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_msg(parse_str(cases[i].text) == 0, "case %zu: %s", i, err);
+        ck_assert_msg(_al_class_table_one_run(&cfg) == cases[i].one_run, "case %zu", i);
+        check_every_size(&cfg);
+    }
+    /* Loaded as runs alone (classes[] not filled), one run builds all the same. */
+    ck_assert_int_eq(parse_str(cases[0].text), 0);
+    memset(cfg.classes, 0, sizeof cfg.classes);
+    struct al_class_table t;
+    ck_assert_int_eq(_al_class_table_build(&t, &cfg, NULL), 0);
+    ck_assert_uint_eq(_al_class_of(&t, 1), 24);
+    ck_assert_uint_eq(_al_class_of(&t, 25), 40);
+    ck_assert_uint_eq(_al_class_of(&t, 131048), 131048);
+    ck_assert_uint_eq(_al_class_of(&t, 131049), 0);
+    ck_assert_uint_eq(_al_class_index(&t, 131048), 8189);
+    /* A run that stops short of the threshold is refused as a table would be. */
+    ck_assert_int_eq(parse_str(BASE_HEAD "large_threshold 131049\nsize_classes 24..131048/16\n"), 0);
+    cfg.large_threshold = 131050;
+    ck_assert_int_eq(_al_class_table_build(&t, &cfg, NULL), -EINVAL);
+}
+END_TEST
+
 START_TEST(lookup_limits)
 {
     /* Built from parsed text: the table works on what the parser gives. */
@@ -840,6 +880,7 @@ int main(void)
     tcase_add_test(tc, lookup_beyond_64k);
     tcase_add_test(tc, lookup_odd);
     tcase_add_test(tc, lookup_small_threshold);
+    tcase_add_test(tc, lookup_one_run);
     tcase_add_test(tc, lookup_limits);
     suite_add_tcase(s, tc);
     return al_check_run(s);
