@@ -880,6 +880,10 @@ void _al_signal_run(const struct sigaction *a, int sig, siginfo_t *si, void *ctx
 void _al_lock_acquired(struct al_thread *t, const void *lock, bool contended, uint64_t wait, uint64_t now);
 void _al_lock_released(struct al_thread *t, const void *lock, uint64_t now);
 void _al_locks_init(void);
+/* The claimed slots, in the order they were claimed: K below _al_locks_claimed(); NULL for one
+ * still being written. */
+unsigned _al_locks_claimed(void);
+const struct al_lock_stats *_al_locks_at(unsigned k);
 
 extern enum al_mode _al_mode AL_HIDDEN;
 

@@ -210,11 +210,11 @@ static void locks(struct al_buf *b, const struct al_report *r)
     _al_buf_puts(b, "  \"locks\": { \"available\": true, \"scope\": \"pthread mutexes and spin locks taken "
                     "inside allocator calls; allocators with private locks show futex_waits instead\", \"locks\": [");
     bool first = true;
-    for (unsigned i = 0; i < AL_LOCKS_MAX; i++) {
-        const struct al_lock_stats *l = &_al_locks[i];
-        uintptr_t id = atomic_load(&l->id);
-        if (!id)
+    for (unsigned k = 0, n = _al_locks_claimed(); k < n; k++) {
+        const struct al_lock_stats *l = _al_locks_at(k);
+        if (!l)
             continue;
+        uintptr_t id = atomic_load(&l->id);
         _al_buf_printf(b, "%s\n    { \"id\": \"0x%lx\", \"acquisitions\": %llu, \"contended\": %llu, "
                        "\"wait_cycles\": %llu, \"hold_cycles\": %llu }",
                        first ? "" : ",", (unsigned long)id, (unsigned long long)atomic_load(&l->acquisitions),

@@ -125,13 +125,14 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     if (_al_locks) {
         uint64_t acq = 0, cont = 0, wait = 0;
         unsigned nlocks = 0;
-        for (unsigned i = 0; i < AL_LOCKS_MAX; i++) {
-            if (!atomic_load(&_al_locks[i].id))
+        for (unsigned k = 0, n = _al_locks_claimed(); k < n; k++) {
+            const struct al_lock_stats *l = _al_locks_at(k);
+            if (!l)
                 continue;
             nlocks++;
-            acq += atomic_load(&_al_locks[i].acquisitions);
-            cont += atomic_load(&_al_locks[i].contended);
-            wait += atomic_load(&_al_locks[i].wait_cycles);
+            acq += atomic_load(&l->acquisitions);
+            cont += atomic_load(&l->contended);
+            wait += atomic_load(&l->wait_cycles);
         }
         _al_buf_printf(b, "locks        %u pthread locks taken in allocator calls: %llu acquisitions, %llu contended "
                        "(%.1f us waiting); futex waits %llu\n", nlocks, (unsigned long long)acq,

@@ -170,6 +170,66 @@ END_TEST
 /* math.c's log and 1 - e^-y against libm's, over the ranges the sampler gives them: uniform
  * draws in (0, 1] down to 2^-53, and size/rate ratios from a byte of a huge rate to thousands;
  * within 4 units in the last place (relative 2^-50). */
+/* The lock table's claimed slots, as the reports read them: each lock once, in the order its
+ * slot was claimed, with its counts; from four threads at once, every lock and no other. */
+static char lock_objs[4][100];
+
+static void *claim_locks(void *arg)
+{
+    char *base = arg;
+    struct al_thread t = { 0 };
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < 100; i++) {
+            _al_lock_acquired(&t, base + i, false, 0, 0);
+            _al_lock_released(&t, base + i, 0);
+        }
+    return NULL;
+}
+
+START_TEST(locks_claimed_in_order)
+{
+    _al_locks_init();
+    ck_assert_ptr_nonnull(_al_locks);
+    ck_assert_uint_eq(_al_locks_claimed(), 0);
+    struct al_thread t = { 0 };
+    static char a, b, c;
+    _al_lock_acquired(&t, &b, true, 40, 100);
+    _al_lock_released(&t, &b, 150);
+    _al_lock_acquired(&t, &a, false, 0, 200);
+    _al_lock_acquired(&t, &b, false, 0, 210);
+    _al_lock_released(&t, &b, 220);
+    _al_lock_released(&t, &a, 230);
+    _al_lock_acquired(&t, &c, false, 0, 300);
+    ck_assert_uint_eq(_al_locks_claimed(), 3);
+    const struct al_lock_stats *l = _al_locks_at(0);
+    ck_assert_uint_eq(atomic_load(&l->id), (uintptr_t)&b);
+    ck_assert_uint_eq(atomic_load(&l->acquisitions), 2);
+    ck_assert_uint_eq(atomic_load(&l->contended), 1);
+    ck_assert_uint_eq(atomic_load(&l->wait_cycles), 40);
+    ck_assert_uint_eq(atomic_load(&l->hold_cycles), 60);
+    ck_assert_uint_eq(atomic_load(&_al_locks_at(1)->id), (uintptr_t)&a);
+    ck_assert_uint_eq(atomic_load(&_al_locks_at(1)->hold_cycles), 30);
+    ck_assert_uint_eq(atomic_load(&_al_locks_at(2)->id), (uintptr_t)&c);
+
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, claim_locks, lock_objs[i]), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    unsigned n = _al_locks_claimed(), seen = 0;
+    ck_assert_uint_eq(n, 3 + 400);
+    for (unsigned k = 3; k < n; k++) {
+        l = _al_locks_at(k);
+        ck_assert_ptr_nonnull(l);
+        uintptr_t id = atomic_load(&l->id);
+        ck_assert(id >= (uintptr_t)lock_objs && id < (uintptr_t)lock_objs + sizeof lock_objs);
+        ck_assert_uint_eq(atomic_load(&l->acquisitions), 3);
+        seen++;
+    }
+    ck_assert_uint_eq(seen, 400);
+}
+END_TEST
+
 START_TEST(math_matches_libm)
 {
     uint64_t x = 12345;
@@ -646,6 +706,7 @@ int main(void)
     tcase_add_test(tc, hist_bucket_bounds);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
+    tcase_add_test(tc, locks_claimed_in_order);
     tcase_add_test(tc, math_matches_libm);
     tcase_add_test(tc, tsc_overhead_plausible);
     tcase_add_test(tc, tsc_rate_calibration);
