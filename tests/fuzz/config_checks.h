@@ -72,11 +72,14 @@ static int check_lookup(const struct al_class_table *t, const struct al_alloc_co
 
 static int check_table(const struct al_alloc_config *c, const uint8_t *data, size_t size, char *why, size_t cap)
 {
+    /* One run with a power-of-two step is worked out, with no tables; other classes take
+     * tables of a bounded size. */
+    bool one_run = _al_class_table_one_run(c);
     size_t bytes = _al_class_table_bytes(c);
-    if (bytes == 0 || bytes > CHECK_TABLE_CAP || bytes % sizeof(uint32_t))
-        return check_fail(why, cap, "table size %zu bytes for a valid config", bytes);
-    void *mem = malloc(bytes);
-    if (!mem)
+    if (one_run ? bytes != 0 : (bytes == 0 || bytes > CHECK_TABLE_CAP || bytes % sizeof(uint32_t)))
+        return check_fail(why, cap, "table size %zu bytes for a valid config%s", bytes, one_run ? " of one run" : "");
+    void *mem = bytes ? malloc(bytes) : NULL;
+    if (bytes && !mem)
         return 0;
     struct al_class_table t;
     int r = _al_class_table_build(&t, c, mem);
@@ -84,11 +87,13 @@ static int check_table(const struct al_alloc_config *c, const uint8_t *data, siz
         free(mem);
         /* Refused only when the granules above the split would be more than 4 Mi (a huge
          * threshold with fine class spacing above 64 KiB: a documented limit, not a bug). */
-        if (bytes < CHECK_TABLE_MIN_REFUSED)
+        if (one_run || bytes < CHECK_TABLE_MIN_REFUSED)
             return check_fail(why, cap, "table build refused a valid config needing %zu bytes", bytes);
         return 0;
     }
-    if (((size_t)t.n_lo + t.n_hi) * sizeof(uint32_t) != bytes || t.n_lo > 65536 || t.n_hi > (1u << 22))
+    if (t.one_run != one_run)
+        return check_fail(why, cap, "table one_run %d for a config of %u runs", t.one_run, c->nruns);
+    if (!one_run && (((size_t)t.n_lo + t.n_hi) * sizeof(uint32_t) != bytes || t.n_lo > 65536 || t.n_hi > (1u << 22)))
         return check_fail(why, cap, "table of %u + %u granules in %zu bytes", t.n_lo, t.n_hi, bytes);
     uint64_t th = c->large_threshold;
     uint64_t probes[] = { 0, 1, 2, th - 2, th - 1, th, th + 1, AL_CLASS_SPLIT - 1, AL_CLASS_SPLIT,
