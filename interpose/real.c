@@ -35,11 +35,17 @@ static AL_COLD void *next_cxx(void **slot, const char *name)
         if (h)
             f = dlsym(h, name);
     }
-    /* Without any C++ runtime no C++ code can have called us: NULL is then never used. */
     __atomic_store_n(slot, f, __ATOMIC_RELAXED);
     return f;
 }
-#define NEXT_CXX(sym) ((__typeof__(_al_next.sym))next_cxx((void **)&_al_next.sym, #sym))
+/* R, else what the C++ runtime's SYM returns for ARGS; R (NULL) without a runtime, which only
+ * a program calling the mangled name itself can meet. */
+#define NEXT_CXX(r, sym, args)                                                          \
+    do {                                                                                \
+        __typeof__(_al_next.sym) next_ = (__typeof__(_al_next.sym))next_cxx((void **)&_al_next.sym, #sym); \
+        if (next_)                                                                      \
+            r = next_ args;                                                             \
+    } while (0)
 
 #define FALLBACK_NEXT(kind, sym, params, args)
 #define FALLBACK_OWN_OR_FREE(kind, sym, params, args) \
@@ -76,7 +82,7 @@ static AL_COLD void *next_cxx(void **slot, const char *name)
     {                                                                  \
         void *r = _al_real.malloc(n ? n : 1);                          \
         if (__builtin_expect(!r, 0))                                   \
-            r = NEXT_CXX(sym) args;                                    \
+            NEXT_CXX(r, sym, args);                                    \
         return r;                                                      \
     }
 #define FALLBACK_OWN_NEW_ALIGNED(kind, sym, params, args)              \
@@ -86,7 +92,7 @@ static AL_COLD void *next_cxx(void **slot, const char *name)
         if (_al_real.posix_memalign(&r, a < sizeof(void *) ? sizeof(void *) : a, n ? n : 1)) \
             r = NULL;                                                  \
         if (__builtin_expect(!r, 0))                                   \
-            r = NEXT_CXX(sym) args;                                    \
+            NEXT_CXX(r, sym, args);                                    \
         return r;                                                      \
     }
 #define FALLBACK_OWN_DELETE(kind, sym, params, args) \
