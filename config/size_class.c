@@ -2,8 +2,8 @@
  * AL_CLASS_SPLIT and one above, each at the coarsest power-of-two granularity that keeps
  * every class boundary on a granule boundary (8 KiB and more above 64 KiB for the BiBOP
  * allocators), so the tables stay small whatever the threshold. Classes that are one run with
- * a power-of-two step are worked out instead: glibc's 8190 would take 128 KiB of tables at 8-byte
- * granules, built and faulted in by every process under full mode. */
+ * a power-of-two step are worked out instead: glibc's 8190 took 64 KiB of tables (8-byte
+ * granules) and 64 KiB of class list, built and faulted in by every process in full mode. */
 #include <errno.h>
 #include <string.h>
 
