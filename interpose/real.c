@@ -23,23 +23,24 @@ struct al_real_fns _al_real, _al_next;
 /* The C++ runtime's own operator, for when the allocator fails (its new-handler loop and
  * std::bad_alloc). Looked up then if start-up did not find it: a program may load the runtime
  * after we started (a C program dlopening a C++ library), and into a scope of its own
- * (RTLD_LOCAL) that RTLD_NEXT does not search, where libstdc++ is found by name. */
+ * (RTLD_LOCAL) that RTLD_NEXT does not search, where the runtime is found by its name. */
 static AL_COLD void *next_cxx(void **slot, const char *name)
 {
+    static const char *const runtimes[] = { "libstdc++.so.6", "libc++abi.so.1", "libc++.so.1" };
     void *f = __atomic_load_n(slot, __ATOMIC_RELAXED);
     if (f)
         return f;
     f = dlsym(RTLD_NEXT, name);
-    if (!f) {
-        void *h = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD);
+    for (size_t i = 0; !f && i < sizeof runtimes / sizeof *runtimes; i++) {
+        void *h = dlopen(runtimes[i], RTLD_NOW | RTLD_NOLOAD);
         if (h)
             f = dlsym(h, name);
     }
     __atomic_store_n(slot, f, __ATOMIC_RELAXED);
     return f;
 }
-/* R, else what the C++ runtime's SYM returns for ARGS; R (NULL) without a runtime, which only
- * a program calling the mangled name itself can meet. */
+/* R, else what the C++ runtime's SYM returns for ARGS; R (NULL) where no runtime of those
+ * names is loaded (one under another name, loaded RTLD_LOCAL after we started). */
 #define NEXT_CXX(r, sym, args)                                                          \
     do {                                                                                \
         __typeof__(_al_next.sym) next_ = (__typeof__(_al_next.sym))next_cxx((void **)&_al_next.sym, #sym); \
@@ -192,5 +193,12 @@ __attribute__((constructor)) static void alloclens_start(void)
     _al_process_start();
     _al_exit_start();
     _al_signals_start();
+    /* The loader may allocate for the glue's lookups (dlopen): not the program's call. */
+    struct al_thread *t = _al_tls;
+    int was_busy = t ? t->busy : 0;
+    if (t)
+        t->busy = 1;
     _al_unwind_glue_init();
+    if (t && !was_busy)
+        _al_unbusy(t);
 }

@@ -40,11 +40,12 @@ static int is_libgcc(struct dl_phdr_info *info, size_t size, void *found)
 /* Both are looked up as the C++ runtime's own references to the unwinder were bound: the global
  * scope first. There _Unwind_Resume is that of the unwinder that raised the exception (libgcc_s,
  * or libunwind, which we load and which defines the same entry points), and libgcc_s's
- * personality routine reads the unwinder's context through its PLT, bound alike. libgcc_s
- * itself may be only in a scope of its own (a C++ library dlopen'ed RTLD_LOCAL by a C program):
- * dlopen with RTLD_NOLOAD finds it there, loading nothing. Nothing is looked up before
- * libgcc_s is seen loaded: a failed dlopen or dlsym allocates its message, and at start-up
- * that would be counted as the program's call. */
+ * personality routine reads the unwinder's context through its PLT, bound alike. (A runtime
+ * bound otherwise, RTLD_DEEPBIND or -Bsymbolic, would raise with one unwinder and be resumed
+ * with another.) libgcc_s itself may be only in a scope of its own (a C++ library dlopen'ed
+ * RTLD_LOCAL by a C program): dlopen with RTLD_NOLOAD finds it there, loading nothing.
+ * Nothing is looked up before libgcc_s is seen loaded: a failed dlopen or dlsym allocates its
+ * message. Called with the thread busy (start-up; the wrappers, unwinding). */
 static void resolve(void)
 {
     bool loaded = false;
@@ -75,10 +76,16 @@ al_unwind_reason __gcc_personality_v0(int version, int actions, uint64_t excepti
         resolve();
         p = atomic_load_explicit(&real_personality, memory_order_acquire);
     }
-    /* No libgcc_s: the unwinder is one linked statically into the program, whose exceptions
-     * cannot reach these frames through its own operator new; pass over the cleanup. */
-    if (!p)
+    /* No libgcc_s: a C++ runtime on another unwinder (LLVM's libunwind, or one linked into a
+     * library with -static-libgcc). The cleanup is passed over, so the thread stays marked
+     * busy and its later calls go uncounted: said once, not hidden. */
+    if (!p) {
+        static _Atomic bool said;
+        if (!atomic_exchange_explicit(&said, true, memory_order_relaxed))
+            _al_log("a C++ exception unwound through alloclens's wrappers with no libgcc_s in the "
+                    "process: the thread's later allocation calls are not counted");
         return AL_URC_CONTINUE_UNWIND;
+    }
     return p(version, actions, exception_class, e, ctx);
 }
 
