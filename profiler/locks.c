@@ -9,7 +9,9 @@ struct al_lock_stats *_al_locks;
 
 /* The slots in the order they were claimed, each as its index + 1 (0 while it is being
  * written), so that a report reads the claimed slots alone: a scan of the whole table read
- * its 10 pages in every process, with or without locks, a fault each. */
+ * its 10 pages in every process, with or without locks, a fault each. A report made in the
+ * few instructions between a slot's claim and its entry here misses that lock. */
+_Static_assert(AL_LOCKS_MAX < 65536, "slot index + 1 in 16 bits");
 static _Atomic uint16_t claimed[AL_LOCKS_MAX];
 static _Atomic unsigned nclaimed;
 

@@ -1011,7 +1011,7 @@ AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large,
 
 /* --mode sample: a count per row (no timing, no address tracking: reuse is n/a, and a free's
  * size class is not known), and the sampler's countdown. False when this allocation is the
- * one to sample: the caller then makes the call with the thread busy, and samples it. */
+ * one to sample. */
 AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t size)
 {
     unsigned row = _al_row_index(op, size >= _al_hot.large_threshold, AL_REUSE_NA, _al_phase_now());
@@ -1023,7 +1023,8 @@ AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t si
  * constant and the phase, not worked out from the size. Counted before the call, so the
  * wrapper can jump to the allocator and leave it to return to the program: the thread is not
  * marked busy, which is safe only for targets that never call back into an interposed
- * function. */
+ * function. False when this allocation is the one to sample: the caller then makes the call
+ * with the thread busy, and samples it. */
 AL_INLINE bool _al_count_small_first(struct al_thread *t, unsigned op, size_t size)
 {
     AL_BUMP(t->rows[_al_row_index(op, 0, AL_REUSE_NA, _al_phase_now())].count, 1);
