@@ -233,6 +233,10 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return; /* the process is ending: kept, not handed back */                 \
+        if (AL_UNLIKELY(!_al_tls && _al_thread_exit_entry_free())) {                   \
+            _al_real.sym args; /* ours, not the program's: see thread.c */             \
+            return;                                                                    \
+        }                                                                              \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t && _al_hot.timed)                                                        \
             timed_##sym(AL_STRIP(args), t);                                            \

@@ -549,6 +549,9 @@ AL_INLINE void _al_unbusy(struct al_thread *t)
 }
 
 struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
+/* Whether this free-family call, made with no state after the thread's exit callback, is the
+ * C library's free of that callback's list entry (true once). */
+bool _al_thread_exit_entry_free(void);
 void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */
 void _al_thread_spawn_failed(void);

@@ -152,6 +152,18 @@ static int live_threads_add(int d)
  * C library's loop over exit callbacks would never end. That state is kept, uncycled. */
 static __thread bool exited __attribute__((tls_model("initial-exec")));
 
+/* The C library frees the exit callback's list entry right after the callback returns: the
+ * entry was allocated for us (with the thread busy, uncounted), so its free is not the
+ * program's either. Set by the callback, taken by that free (_al_thread_exit_entry_free). */
+static __thread bool entry_free_pending __attribute__((tls_model("initial-exec")));
+
+bool _al_thread_exit_entry_free(void)
+{
+    bool pending = entry_free_pending;
+    entry_free_pending = false;
+    return pending;
+}
+
 AL_COLD void _al_thread_ending_signal(struct al_thread *t)
 {
     int sig = t->ending_signal;
@@ -192,6 +204,7 @@ static void thread_exit(void *arg)
     /* Calls this thread still makes (later TLS destructors) start a fresh state, not
      * registered again (see exited). */
     _al_tls = NULL;
+    entry_free_pending = true;
 }
 
 void _al_threads_init(void)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Exact counts: every count in the JSON `ops` table equals the truth a program of ours prints.
 
-usage: test_exact_counts.py PROG_C PROG_CXX
+usage: test_exact_counts.py PROG_C PROG_CXX COUNT_SHIM.so SINGLE_THREADED_PROG...
 
 PROG_C (malloc family) and PROG_CXX (operator new/delete) make exactly known numbers of calls
 from a serial part and a parallel part (4 threads + main) and print their truth per
@@ -11,7 +11,15 @@ each program runs twice under every allocator `alloclens allocators` finds: with
 two reports' counts must equal the truth (absent keys count 0), ops the program never calls
 included. The same again with --mode time (exactly the same table), and with --mode sample,
 where the truth is compared as that mode tells it (no reuse, a free's size class unknown).
+
+The difference cannot see a call alloclens makes for itself at start-up or exit and counts as
+the program's: that is checked in absolute terms under glibc against count_shim.so, preloaded
+alone in the same program, which counts every call that reaches the malloc family's symbols.
+The totals of allocation calls, reallocs and frees must be the same under every mode. The
+threaded programs are held to their allocations and reallocs only: how many thread stacks
+glibc's cache hands back, with a free of the old TLS vector for each, varies from run to run.
 """
+import subprocess
 import json
 import os
 import sys
@@ -155,10 +163,51 @@ def check_program(tap, label, alloc, prog, own_ops, extra=(), prog_extra=()):
                                                         if drift else "is identical to the first"))
 
 
+def shim_totals(shim, cmd, tmp):
+    """(allocs, reallocs, frees) as count_shim.so counts them in CMD run without alloclens."""
+    out = os.path.join(tmp, "shim.txt")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCLENS_") and k != "LD_PRELOAD"}
+    env.update(LD_PRELOAD=shim, COUNT_SHIM_OUT=out)
+    subprocess.run(cmd, env=env, capture_output=True, timeout=120, check=True)
+    with open(out) as f:
+        kv = dict(x.split("=") for x in f.read().split())
+    return int(kv["allocs"]), int(kv["reallocs"]), int(kv["frees"])
+
+
+def report_totals(report):
+    ops = table(report["ops"])
+    total = lambda names: sum(n for k, n in ops.items() if k[0] in names)
+    allocs = total({"malloc", "calloc", "posix_memalign", "aligned_alloc", "memalign", "valloc",
+                    "pvalloc", "new"})
+    return allocs, total({"realloc"}), total({"free", "delete"})
+
+
+def check_absolute(tap, shim, cmd, label, frees):
+    """Under glibc, in each mode: the report's totals equal the shim's count of the same run."""
+    tmp = altest.tmpdir()
+    try:
+        want = shim_totals(shim, cmd, tmp)
+    except (subprocess.SubprocessError, OSError, KeyError, ValueError) as e:
+        tap.ok(False, f"{label}: counted without alloclens", str(e))
+        return
+    for mode in ("full", "time", "sample"):
+        proc, report = altest.run("glibc", cmd, tmp, extra=("--mode", mode), timeout=120)
+        if proc.returncode != 0 or report is None:
+            tap.ok(False, f"{label}, --mode {mode}: every call and no other, in absolute terms",
+                   f"exit {proc.returncode}; report {'missing' if report is None else 'there'}")
+            continue
+        got = report_totals(report)
+        n = 3 if frees else 2
+        tap.ok(got[:n] == want[:n], f"{label}, --mode {mode}: every call and no other, in absolute terms",
+               f"(allocations, reallocs{', frees' if frees else ''}) alloclens {got[:n]}, "
+               f"count_shim {want[:n]}")
+
+
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
-    prog_c, prog_cxx = sys.argv[1:]
+    prog_c, prog_cxx, shim = sys.argv[1:4]
+    single = sys.argv[4:]
     tap = altest.Tap()
     found = altest.allocators()
     tap.ok(found, "alloclens allocators finds allocators", "none found")
@@ -183,6 +232,13 @@ def main():
         check_program(tap, f"C under {first}, --large-threshold 8192", first, prog_c, C_OPS,
                       extra=("--large-threshold", "8192"),
                       prog_extra=("--large-threshold", "8192"))
+    if "glibc" in found:
+        for prog in single:
+            check_absolute(tap, shim, [prog], os.path.basename(prog), frees=True)
+        for prog in (prog_c, prog_cxx):
+            check_absolute(tap, shim, [prog, "--scale", "1"], os.path.basename(prog), frees=False)
+    else:
+        tap.skip("every call and no other, in absolute terms", "glibc not found")
     tap.done()
 
 

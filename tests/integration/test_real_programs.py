@@ -376,6 +376,11 @@ int main(void)
         for (const char *c = n->word; *c; c++)
             h = h * 33 + (unsigned char)*c;
     printf("%lu\n", h);
+    while (head) {
+        struct node *next = head->next;
+        free(head);
+        head = next;
+    }
     return 0;
 }
 """
