@@ -174,8 +174,8 @@ static const struct al_process_hooks hooks = {
 
 AL_NOINLINE struct al_thread *_al_enter_slow(void)
 {
-    if (_al_tls)
-        return NULL; /* nested inside one of our calls */
+    if (_al_tls || _al_reporting)
+        return NULL; /* nested inside one of our calls, or the report's own */
     if (AL_UNLIKELY(atomic_load_explicit(&_al_state, memory_order_acquire) != AL_STATE_READY)) {
         int saved = errno;
         _al_process_init(&hooks);

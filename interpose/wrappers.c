@@ -130,8 +130,11 @@ static inline void al_busy_cleanup(struct al_thread **t)
         struct al_thread *t = _al_enter_slow();                                        \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
-        if (AL_LIKELY(_al_real.sym != NULL))                                           \
-            return _al_real.sym args;                                                  \
+        if (AL_LIKELY(_al_real.sym != NULL)) {                                         \
+            void *r = _al_real.sym args;                                               \
+            _al_thread_nested_alloc(r);                                                \
+            return r;                                                                  \
+        }                                                                              \
         return _al_bootstrap_alloc(size);                                              \
     }                                                                                  \
     AL_EXPORT void *sym params                                                         \
@@ -233,7 +236,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return; /* the process is ending: kept, not handed back */                 \
-        if (AL_UNLIKELY(!_al_tls && _al_thread_exit_entry_free())) {                   \
+        if (AL_UNLIKELY(!_al_tls && _al_thread_exit_entry_free(p))) {                  \
             _al_real.sym args; /* ours, not the program's: see thread.c */             \
             return;                                                                    \
         }                                                                              \

@@ -70,25 +70,13 @@ void _al_process_init(const struct al_process_hooks *h)
     initializing_here = 0;
 }
 
-/* A state for the report to mark busy, where the thread has none: one that never allocated,
- * or whose exit callback ran (exit() runs them before its handlers). Unmarked, the report's
- * own calls (qsort's buffer, ...) would be counted, and one sampled while the sites are made
- * under the sampler's lock would wait on it for ever. Not for a report from a signal handler
- * or _exit, whose calls are served from our own memory. */
-static void report_state(void)
-{
-    if (!_al_tls) {
-        struct al_thread *t = _al_thread_attach();
-        if (t)
-            _al_unbusy(t);
-    }
-}
-
 /* The status as the parent will see it (exit(256) is 0). */
 static void on_exit_report(int status, void *arg)
 {
     (void)arg;
-    report_state();
+    /* A vfork child that calls exit() shares our memory: no report, as in the paths below. */
+    if (getpid() != image_pid)
+        return;
     _al_report_write(AL_REPORT_EXIT, true, status & 0xff);
 }
 
@@ -254,10 +242,8 @@ void _al_process_say_unreachable(const char *file, bool search, char *const envp
 void _al_process_before_exec(const char *file, bool search, char *const envp[])
 {
     _al_process_say_unreachable(file, search, envp);
-    if (own_process()) {
-        report_state();
+    if (own_process())
         _al_report_write(AL_REPORT_EXEC, false, 0);
-    }
 }
 
 void _al_process_exec_failed(void)

@@ -549,9 +549,11 @@ AL_INLINE void _al_unbusy(struct al_thread *t)
 }
 
 struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
-/* Whether this free-family call, made with no state after the thread's exit callback, is the
- * C library's free of that callback's list entry (true once). */
-bool _al_thread_exit_entry_free(void);
+/* An allocation forwarded uncounted, nested in one of our calls: noted where it is the thread's
+ * exit-callback entry. Whether a free of P, made with no state, is the C library's free of that
+ * entry (true once). */
+void _al_thread_nested_alloc(void *p);
+bool _al_thread_exit_entry_free(const void *p);
 void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */
 void _al_thread_spawn_failed(void);
@@ -1192,6 +1194,8 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 bool _al_report_planned(void);
 /* Whether this process writes the pprof profile at its end (the run's main one, asked to). */
 bool _al_report_writes_pprof(void);
+/* Set while this thread writes a report: calls it makes with no state are forwarded, uncounted. */
+extern __thread bool _al_reporting __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
 /* Waits, up to MS milliseconds, for a report another thread has begun to be written. */
 void _al_report_wait_written(unsigned ms);
 /* The signals that end a process by default, asking it to stop, telling it it is over a limit

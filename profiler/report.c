@@ -367,6 +367,8 @@ static void write_on_own_stack(enum al_report_kind kind, bool has_status, int st
         _al_mem_unmap(stack, REPORT_STACK);
 }
 
+__thread bool _al_reporting __attribute__((tls_model("initial-exec")));
+
 void _al_report_write(enum al_report_kind kind, bool has_status, int status)
 {
     if (atomic_exchange(&written, 1))
@@ -378,7 +380,14 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
     for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++)
         sigaddset(&ending, _al_ending_signals[i].sig);
     pthread_sigmask(SIG_BLOCK, &ending, &old);
+    /* The report's own calls (qsort's buffer, ...) are not the program's: write_report marks the
+     * thread's state busy, and a thread with none (one that never allocated, or whose exit
+     * callback ran, as exit() runs them before its handlers) gets none made for them
+     * (_al_enter_slow): counted, one sampled while the sites are made under the sampler's lock
+     * would wait on it for ever. */
+    _al_reporting = true;
     write_on_own_stack(kind, has_status, status);
+    _al_reporting = false;
     atomic_store(&finished, 1);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }

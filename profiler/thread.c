@@ -152,16 +152,25 @@ static int live_threads_add(int d)
  * C library's loop over exit callbacks would never end. That state is kept, uncycled. */
 static __thread bool exited __attribute__((tls_model("initial-exec")));
 
-/* The C library frees the exit callback's list entry right after the callback returns: the
- * entry was allocated for us (with the thread busy, uncounted), so its free is not the
- * program's either. Set by the callback, taken by that free (_al_thread_exit_entry_free). */
-static __thread bool entry_free_pending __attribute__((tls_model("initial-exec")));
+/* The exit callback's list entry: the C library allocates it while the callback is
+ * registered (the thread busy, so uncounted) and frees it right after the callback returns,
+ * with no state left here. That free is not the program's either: it is known by the entry's
+ * address, taken from the one allocation made while registering. */
+static __thread bool registering __attribute__((tls_model("initial-exec")));
+static __thread void *entry __attribute__((tls_model("initial-exec")));
 
-bool _al_thread_exit_entry_free(void)
+void _al_thread_nested_alloc(void *p)
 {
-    bool pending = entry_free_pending;
-    entry_free_pending = false;
-    return pending;
+    if (AL_UNLIKELY(registering) && !entry)
+        entry = p;
+}
+
+bool _al_thread_exit_entry_free(const void *p)
+{
+    if (!p || p != entry)
+        return false;
+    entry = NULL;
+    return true;
 }
 
 AL_COLD void _al_thread_ending_signal(struct al_thread *t)
@@ -204,7 +213,6 @@ static void thread_exit(void *arg)
     /* Calls this thread still makes (later TLS destructors) start a fresh state, not
      * registered again (see exited). */
     _al_tls = NULL;
-    entry_free_pending = true;
 }
 
 void _al_threads_init(void)
@@ -247,8 +255,12 @@ struct al_thread *_al_thread_attach(void)
     unlock();
     /* Allocates its list entry: busy is set, so that nested call is forwarded, not counted.
      * If it fails the thread's counts stay in the registry as if it were still running. */
-    if (!exited)
+    if (!exited) {
+        registering = true;
+        entry = NULL;
         __cxa_thread_atexit_impl(thread_exit, t, &__dso_handle);
+        registering = false;
+    }
     return t;
 }
 
