@@ -32,8 +32,9 @@ struct al_real_fns {
  * loop and throws std::bad_alloc, which C cannot. */
 extern struct al_real_fns _al_real AL_HIDDEN, _al_next AL_HIDDEN;
 
-/* unwind_glue.c: finds libgcc_s's unwinder routines where the process has it loaded. */
-void _al_unwind_glue_init(void);
+/* unwind_glue.c: finds libgcc_s's unwinder routines where the process has it loaded (at
+ * start-up, a process hook, and when first needed). */
+void _al_unwind_glue_resolve(void);
 
 /* calloc's and reallocarray's byte count; SIZE_MAX when it overflows (the call then fails in
  * the allocator, and the report counts it as a large request). */

@@ -170,6 +170,7 @@ static const struct al_process_hooks hooks = {
     .own_malloc = own_malloc_addr,
     .usable_size = real_usable_size,
     .posix_spawn_addr = _al_exec_real_posix_spawn,
+    .started = _al_unwind_glue_resolve,
 };
 
 AL_NOINLINE struct al_thread *_al_enter_slow(void)
@@ -193,12 +194,4 @@ __attribute__((constructor)) static void alloclens_start(void)
     _al_process_start();
     _al_exit_start();
     _al_signals_start();
-    /* The loader may allocate for the glue's lookups (dlopen): not the program's call. */
-    struct al_thread *t = _al_tls;
-    int was_busy = t ? t->busy : 0;
-    if (t)
-        t->busy = 1;
-    _al_unwind_glue_init();
-    if (t && !was_busy)
-        _al_unbusy(t);
 }

@@ -6,7 +6,7 @@
  * the start of every process (/bin/true: 0.76 -> 0.93 ms of CPU), for calls that come only
  * when a C++ operator new throws through a wrapper. Whatever throws is C++, and the C++
  * runtime has libgcc_s loaded already: the real routines are looked up there at start-up
- * when it is loaded, else when first needed, without loading anything (resolve). */
+ * when it is loaded, else when first needed, without loading anything (_al_unwind_glue_resolve). */
 #include <dlfcn.h>
 #include <link.h>
 #include <stdbool.h>
@@ -46,7 +46,7 @@ static int is_libgcc(struct dl_phdr_info *info, size_t size, void *found)
  * RTLD_LOCAL by a C program): dlopen with RTLD_NOLOAD finds it there, loading nothing.
  * Nothing is looked up before libgcc_s is seen loaded: a failed dlopen or dlsym allocates its
  * message. Called with the thread busy (start-up; the wrappers, unwinding). */
-static void resolve(void)
+void _al_unwind_glue_resolve(void)
 {
     bool loaded = false;
     dl_iterate_phdr(is_libgcc, &loaded);
@@ -61,11 +61,6 @@ static void resolve(void)
     }
 }
 
-void _al_unwind_glue_init(void)
-{
-    resolve();
-}
-
 al_unwind_reason __gcc_personality_v0(int version, int actions, uint64_t exception_class,
                                       struct _Unwind_Exception *e, struct _Unwind_Context *ctx);
 al_unwind_reason __gcc_personality_v0(int version, int actions, uint64_t exception_class,
@@ -73,7 +68,7 @@ al_unwind_reason __gcc_personality_v0(int version, int actions, uint64_t excepti
 {
     al_personality_fn p = atomic_load_explicit(&real_personality, memory_order_acquire);
     if (AL_UNLIKELY(!p)) {
-        resolve();
+        _al_unwind_glue_resolve();
         p = atomic_load_explicit(&real_personality, memory_order_acquire);
     }
     /* No libgcc_s: a C++ runtime on another unwinder (LLVM's libunwind, or one linked into a

@@ -147,7 +147,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return timed_##sym(AL_STRIP(args), t);                                     \
         if (AL_UNLIKELY((size) >= _al_hot.large_threshold))                            \
             return counted_##sym(AL_STRIP(args), t);                                   \
-        if (AL_UNLIKELY(!_al_count_small_first(t, AL_OP_##op, (size))))                \
+        if (AL_UNLIKELY(!_al_count_alloc_first(t, AL_OP_##op, 0, (size))))             \
             return sampled_##sym(AL_STRIP(args), t);                                   \
         if (AL_TAIL_##target)                                                          \
             return _al_real.sym args;                                                  \

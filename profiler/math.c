@@ -44,16 +44,14 @@ double _al_math_one_minus_exp_neg(double y)
             p = (1.0 - p) * (y / k);
         return p;
     }
-    if (y > 745.0) /* e^-y is below the smallest double */
+    if (y > 40.0) /* e^-40 is below half a unit in the last place of 1: lost beside it */
         return 1.0;
-    /* e^-y = 2^-k e^-r with y = k ln 2 + r, 0 <= r < ln 2; e^-r by its series, 17 terms. */
+    /* e^-y = 2^-k e^-r with y = k ln 2 + r, 0 <= r < ln 2 (k <= 57); e^-r by its series. */
     int k = (int)(y / (LN2_HI + LN2_LO));
     double r = (y - k * LN2_HI) - k * LN2_LO;
     double q = 1.0;
     for (int j = 17; j >= 1; j--)
         q = 1.0 - q * (r / j);
-    if (k > 1022) /* 2^-k below the normal doubles: e^-y is lost beside 1 */
-        return 1.0;
     uint64_t b = (uint64_t)(1023 - k) << 52;
     double scale;
     memcpy(&scale, &b, sizeof scale);

@@ -70,12 +70,19 @@ void _al_process_init(const struct al_process_hooks *h)
     initializing_here = 0;
 }
 
+/* Whether this is the image's own process: a vfork child shares our memory and never ran the
+ * fork handlers, so it must not write (nor withdraw) a report. */
+static bool own_process(void)
+{
+    return getpid() == image_pid;
+}
+
 /* The status as the parent will see it (exit(256) is 0). */
 static void on_exit_report(int status, void *arg)
 {
     (void)arg;
     /* A vfork child that calls exit() shares our memory: no report, as in the paths below. */
-    if (getpid() != image_pid)
+    if (!own_process())
         return;
     _al_report_write(AL_REPORT_EXIT, true, status & 0xff);
 }
@@ -186,6 +193,7 @@ void _al_process_start(void)
     _al_threads_phase_restart();
     on_exit(on_exit_report, NULL);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    hooks->started();
     _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),
                            _al_settings.allocator);
     _al_allocator_load_config(&_al_allocator, _al_settings.config, _al_hot.records);
@@ -216,12 +224,6 @@ void _al_process_start(void)
         _al_unbusy(t);
 }
 
-/* Whether this is the image's own process: a vfork child shares our memory and never ran the
- * fork handlers, so it must not write (nor withdraw) a report. */
-static bool own_process(void)
-{
-    return getpid() == image_pid;
-}
 
 bool _al_process_shared_child(void)
 {

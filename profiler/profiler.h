@@ -1015,24 +1015,15 @@ AL_INLINE void _al_record_free(struct al_thread *t, unsigned op, unsigned large,
 }
 
 /* --mode sample: a count per row (no timing, no address tracking: reuse is n/a, and a free's
- * size class is not known), and the sampler's countdown. False when this allocation is the
- * one to sample. */
-AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, size_t size)
+ * size class is not known), and the sampler's countdown. The export counts a small request
+ * before the call (LARGE a constant 0: its row is a constant and the phase), so it can jump to
+ * the allocator and leave it to return to the program: the thread is not marked busy, which is
+ * safe only for targets that never call back into an interposed function. False when this
+ * allocation is the one to sample: the caller then makes the call with the thread busy, and
+ * samples it. */
+AL_INLINE bool _al_count_alloc_first(struct al_thread *t, unsigned op, unsigned large, size_t size)
 {
-    unsigned row = _al_row_index(op, size >= _al_hot.large_threshold, AL_REUSE_NA, _al_phase_now());
-    AL_BUMP(t->rows[row].count, 1);
-    return !_al_sample_due(t, size);
-}
-
-/* The same for a small request (the caller has sent large ones the busy way): its row is a
- * constant and the phase, not worked out from the size. Counted before the call, so the
- * wrapper can jump to the allocator and leave it to return to the program: the thread is not
- * marked busy, which is safe only for targets that never call back into an interposed
- * function. False when this allocation is the one to sample: the caller then makes the call
- * with the thread busy, and samples it. */
-AL_INLINE bool _al_count_small_first(struct al_thread *t, unsigned op, size_t size)
-{
-    AL_BUMP(t->rows[_al_row_index(op, 0, AL_REUSE_NA, _al_phase_now())].count, 1);
+    AL_BUMP(t->rows[_al_row_index(op, large, AL_REUSE_NA, _al_phase_now())].count, 1);
     return !_al_sample_due(t, size);
 }
 
@@ -1045,7 +1036,7 @@ AL_INLINE void _al_count_free_first(struct al_thread *t, unsigned op)
 /* The same after the call, with the thread busy: ends the call. */
 AL_INLINE void _al_count_alloc(struct al_thread *t, unsigned op, size_t size, void *p)
 {
-    if (AL_UNLIKELY(!_al_count_alloc_first(t, op, size)))
+    if (AL_UNLIKELY(!_al_count_alloc_first(t, op, size >= _al_hot.large_threshold, size)))
         _al_sample_alloc(t, size, p);
     _al_unbusy(t);
 }
@@ -1072,6 +1063,8 @@ struct al_process_hooks {
     const void *(*own_malloc)(void);   /* our exported malloc */
     al_usable_size_fn *(*usable_size)(void); /* the allocator's malloc_usable_size, or NULL */
     const void *(*posix_spawn_addr)(void); /* the C library's posix_spawn, or NULL */
+    void (*started)(void); /* lookups of interpose's own that need libc ready (the unwind
+                              glue's), run with the thread busy: the loader may allocate */
 };
 
 /* The allocator's malloc_usable_size (ours, first in the global scope, only forwards to it),
