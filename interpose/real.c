@@ -187,11 +187,12 @@ AL_NOINLINE struct al_thread *_al_enter_slow(void)
     return _al_thread_attach();
 }
 
-__attribute__((constructor)) static void alloclens_start(void)
+/* glibc calls constructors with main's arguments (and the environment, not needed here). */
+__attribute__((constructor)) static void alloclens_start(int argc, char **argv)
 {
     if (atomic_load(&_al_state) != AL_STATE_READY)
         _al_process_init(&hooks);
-    _al_process_start();
+    _al_process_start(argc, argv);
     _al_exit_start();
     _al_signals_start();
 }

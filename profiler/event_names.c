@@ -81,7 +81,7 @@ static void pfm_close(void)
 static struct {
     char name[sizeof ((struct al_event *)0)->name];
     struct perf_event_attr attr;
-} ahead[AHEAD_MAX];
+} ahead[AHEAD_MAX] AL_LARGE_BSS;
 static unsigned nahead;
 
 static bool ahead_find(const char *name, struct perf_event_attr *attr)

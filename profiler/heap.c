@@ -57,7 +57,7 @@ AL_NOINLINE void _al_heap_discover(uint64_t a)
     if (!_al_spin_trylock(&discover_lock))
         return; /* another thread is reading the maps: this object's page is found next time */
     uint64_t page = a & ~(uint64_t)4095;
-    static char buf[16384]; /* under discover_lock */
+    static char buf[16384] AL_LARGE_BSS; /* under discover_lock */
     struct al_map_span c = { 0 };
     int cancel = _al_nocancel_begin();
     bool found = _al_maps_find(a, buf, sizeof buf, &c);
@@ -86,7 +86,7 @@ uint64_t _al_heap_discovered(void)
 
 #define VEC_PAGES 65536u
 
-static unsigned char vec[VEC_PAGES];
+static unsigned char vec[VEC_PAGES] AL_LARGE_BSS;
 
 /* Resident bytes of [start, end) into *TOTAL; false if some page of it is not mapped. */
 static bool mapped_resident(uint64_t start, uint64_t end, uint64_t *total)
@@ -153,7 +153,7 @@ static uint64_t resident(uint64_t start, uint64_t end)
     uint64_t total;
     if (mapped_resident(start, end, &total))
         return total;
-    static char buf[16384]; /* under waste.c's snapshot lock, as every caller is */
+    static char buf[16384] AL_LARGE_BSS; /* under waste.c's snapshot lock, as every caller is */
     struct clip c = { start, end, 0, false };
     _al_maps_each(buf, sizeof buf, clip_one, &c);
     if (!c.read)

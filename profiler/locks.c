@@ -12,7 +12,7 @@ struct al_lock_stats *_al_locks;
  * its 10 pages in every process, with or without locks, a fault each. A report made in the
  * few instructions between a slot's claim and its entry here misses that lock. */
 _Static_assert(AL_LOCKS_MAX < 65536, "slot index + 1 in 16 bits");
-static _Atomic uint16_t claimed[AL_LOCKS_MAX];
+static _Atomic uint16_t claimed[AL_LOCKS_MAX] AL_LARGE_BSS;
 static _Atomic unsigned nclaimed;
 
 unsigned _al_locks_claimed(void)

@@ -106,12 +106,12 @@ static void atfork_child(void)
     _al_sampler_atfork_child();
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
-    _al_report_restart(false);
+    _al_report_restart(0, NULL);
 }
 
 /* What needs libc fully set up: settings from the environment, the exit and fork handlers,
  * naming the allocator. Called from our constructor. */
-void _al_process_start(void)
+void _al_process_start(int argc, char *const argv[])
 {
     if (started)
         return;
@@ -189,7 +189,7 @@ void _al_process_start(void)
      * failure is told with the profile). */
     if (_al_report_writes_pprof())
         _al_pprof_libs_open();
-    _al_report_restart(true);
+    _al_report_restart(argc, argv);
     _al_threads_phase_restart();
     on_exit(on_exit_report, NULL);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);

@@ -572,6 +572,8 @@ struct al_thread_totals {
 
 /* Sums every thread's rows and histograms (those that exited and those still running) into
  * the caller's arrays. */
+/* Calls counted so far, every thread together (what the report's rows will add up to). */
+uint64_t _al_threads_calls(void);
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
                          struct al_measure_totals *extra);
 
@@ -1075,7 +1077,9 @@ extern al_usable_size_fn *_al_usable_size AL_HIDDEN;
 extern const void *_al_real_posix_spawn AL_HIDDEN;
 
 void _al_process_init(const struct al_process_hooks *hooks);
-void _al_process_start(void); /* from our constructor, once libc is set up */
+/* From our constructor, once libc is set up, with the arguments glibc gives constructors: the
+ * command line as the image started. */
+void _al_process_start(int argc, char *const argv[]);
 /* About to exec FILE (a path, or with SEARCH a name looked up in PATH; NULL: an fd) with the
  * environment ENVP: the report of this image first, and a line when the new image will write
  * none because LD_PRELOAD cannot reach it. */
@@ -1203,7 +1207,9 @@ struct al_ending_signal {
 };
 extern const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS] AL_HIDDEN;
 void _al_report_forget_exec(void);
-void _al_report_restart(bool new_image); /* a new image or a forked child: its report is still to come */
+/* A new image (ARGV: its command line) or a forked child (ARGV NULL: its parent's): its report
+ * is still to come. */
+void _al_report_restart(int argc, char *const argv[]);
 
 
 #endif

@@ -32,21 +32,29 @@ const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS] = {
 static struct stat stderr_at_start;
 static bool stderr_open;
 static struct al_clock_pair image_start;
-static char exec_report_path[4096];
+static char exec_report_path[4096] AL_LARGE_BSS;
 /* The command line as the image started: programs rewrite theirs (redis sets a process title
  * over it), and the report must name what was run. */
 static char cmdline[sizeof(((struct al_report *)0)->argv)];
 static size_t cmdline_len;
 
-void _al_report_restart(bool new_image)
+void _al_report_restart(int argc, char *const argv[])
 {
     atomic_store(&written, 0);
     image_start = _al_tsc_pair_now();
-    if (!new_image)
+    if (!argv)
         return; /* a forked child runs the same command line */
     stderr_open = fstat(STDERR_FILENO, &stderr_at_start) == 0;
-    ssize_t n = _al_proc_read("/proc/self/cmdline", cmdline, sizeof cmdline);
-    cmdline_len = n > 0 ? (size_t)n : 0;
+    /* As /proc/self/cmdline has it (NUL-terminated arguments), without opening it; the last
+     * byte stays a NUL, as the writers expect of a long one cut short. */
+    cmdline_len = 0;
+    for (int i = 0; i < argc && argv[i]; i++) {
+        size_t n = strlen(argv[i]) + 1;
+        if (n > sizeof cmdline - 1 - cmdline_len)
+            n = sizeof cmdline - 1 - cmdline_len;
+        memcpy(cmdline + cmdline_len, argv[i], n);
+        cmdline_len += n;
+    }
 }
 
 static void read_cmdline(struct al_report *r)
@@ -351,6 +359,10 @@ static void write_on_own_stack(enum al_report_kind kind, bool has_status, int st
 {
     if (!planned(kind))
         return; /* nothing to gather */
+    /* A side process's only output is its JSON, written when it made calls (write_report):
+     * a program that allocates nothing (a shell's /bin/true) gathers nothing either. */
+    if (!main_at_end(kind) && _al_threads_calls() == 0)
+        return;
     pending = (struct write_args){ kind, has_status, status, main_at_end(kind) };
     void *stack = _al_mem_map(REPORT_STACK);
     if (!stack || getcontext(&report_ctx) < 0) {

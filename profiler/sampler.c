@@ -86,7 +86,7 @@ static struct {
 static struct bucket {
     _Alignas(32) _Atomic uintptr_t addr[BUCKET_ADDRS];
     _Atomic uint32_t over;
-} buckets[AL_SAMPLE_PAGES];
+} buckets[AL_SAMPLE_PAGES] AL_LARGE_BSS;
 
 /* Lock held: p is a live sample now (ON) or no longer; outside full mode, the bit of its
  * bucket in _al_hot.sample_pages follows whether the bucket holds any. */

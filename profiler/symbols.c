@@ -79,7 +79,7 @@ static bool collect_frames(void)
 /* Installed beside this library, or in the build tree's profiler/ beside its interpose/. */
 static bool helper_path(char *out, size_t cap)
 {
-    static char buf[8192], dir[PATH_MAX];
+    static char buf[8192] AL_LARGE_BSS, dir[PATH_MAX] AL_LARGE_BSS;
     struct al_map_span self = { .path = dir, .path_cap = sizeof dir };
     dir[0] = '\0';
     if (!_al_maps_find((uintptr_t)helper_path, buf, sizeof buf, &self) || dir[0] != '/')

@@ -23,18 +23,20 @@ extern void *__dso_handle;
 
 __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
 
+/* What every start writes comes first, on one page; the tables only exiting threads write
+ * come after it. */
 static struct {
     _Atomic int lock;
     struct al_thread *live;
     struct al_thread *spare;
-    struct al_row rows[AL_ROWS];   /* exited threads */
-    uint64_t *hist;                /* exited threads */
-    uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row, NULL while the row is empty */
-    struct al_measure_totals extra; /* exited threads */
     int live_threads;              /* started through our pthread_create, and the first */
     uint64_t total, max_live;
     uint64_t phase_since;
     uint64_t serial_cycles, parallel_cycles;
+    uint64_t *hist;                /* exited threads */
+    struct al_row rows[AL_ROWS];   /* exited threads */
+    uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row, NULL while the row is empty */
+    struct al_measure_totals extra; /* exited threads */
 } reg = { .live_threads = 1, .total = 1, .max_live = 1 };
 
 static void lock(void)
@@ -109,7 +111,7 @@ static void clear_state(struct al_thread *t, bool forget_hist)
  * it is reused. */
 AL_NOINLINE uint64_t *_al_thread_hist_row(struct al_thread *t, unsigned row)
 {
-    static uint64_t overflow[AL_HIST_BUCKETS]; /* out of memory: counted, not attributed */
+    static uint64_t overflow[AL_HIST_BUCKETS] AL_LARGE_BSS; /* out of memory: counted, not attributed */
     uint64_t *h = _al_mem_alloc(ROW_HIST_BYTES);
     if (!h) { /* counted as timed but in no histogram; a later call tries again */
         AL_BUMP(t->rows[row].timed, 1);
@@ -353,6 +355,19 @@ void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_t
     tot->serial_cycles = reg.serial_cycles;
     tot->parallel_cycles = reg.parallel_cycles;
     unlock();
+}
+
+uint64_t _al_threads_calls(void)
+{
+    uint64_t n = 0;
+    lock();
+    for (unsigned i = 0; i < AL_ROWS; i++)
+        n += reg.rows[i].count;
+    for (struct al_thread *t = reg.live; t; t = t->next)
+        for (unsigned i = 0; i < AL_ROWS; i++)
+            n += AL_READ(t->rows[i].count);
+    unlock();
+    return n;
 }
 
 static void add_classes(int64_t (*dst)[AL_CLS_N], int64_t (*src)[AL_CLS_N], uint32_t nslots, int pagemap)

@@ -10,7 +10,7 @@ _Atomic(struct al_heap_slice *) *_al_heap_dir;
 /* The slices made, in order, so a snapshot need not walk the directory (2^24 entries with a
  * 56-bit address space). */
 #define LISTED_MAX 4096
-static _Atomic uint64_t listed[LISTED_MAX];
+static _Atomic uint64_t listed[LISTED_MAX] AL_LARGE_BSS;
 static _Atomic uint32_t nlisted;
 
 int _al_shadow_heap_init(void)

@@ -19,7 +19,7 @@ static _Atomic(struct al_shadow_region *) *all;
 /* Every level-1 slice made, likewise (one per 4 GiB of address space holding objects); one
  * past the end of the list is counted as wholly resident, one being installed as nothing. */
 #define SLICES_MAX 4096
-static _Atomic(struct al_shadow_slice *) slice_list[SLICES_MAX];
+static _Atomic(struct al_shadow_slice *) slice_list[SLICES_MAX] AL_LARGE_BSS;
 
 uint64_t _al_shadow_address_bits(void)
 {

@@ -35,6 +35,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* For a zero-initialised static array that most runs never touch (report buffers, tables of
+ * rare events): placed after every other static (.lbss follows .bss), so the small ones a
+ * process touches as it starts share a few pages, each page a fault, rather than being spread
+ * between the arrays. */
+#define AL_LARGE_BSS __attribute__((section(".lbss.alloclens")))
+
 #define AL_SHADOW_REGION_SHIFT 20
 #define AL_SHADOW_PAGE_SHIFT 12
 #define AL_SHADOW_LINE_SHIFT 6
