@@ -112,9 +112,12 @@ static uintptr_t object_base(const void *fn)
 }
 
 #define RESOLVE_NEXT(sym) _al_real.sym = (__typeof__(_al_real.sym))dlsym(RTLD_NEXT, #sym);
-#define RESOLVE_OWN(sym)                                                   \
-    _al_next.sym = (__typeof__(_al_next.sym))dlsym(RTLD_NEXT, #sym);       \
-    _al_real.sym = object_base((const void *)_al_next.sym) == allocator ? _al_next.sym : fb_##sym;
+/* _al_next.sym is left NULL where the allocator has no SYM (only the allocator's own is taken
+ * at start-up); next_cxx looks the C++ runtime's up if it is ever needed. */
+#define RESOLVE_OWN(sym)                                                                   \
+    _al_next.sym = _al_object_may_define(&allocator, #sym)                                 \
+                       ? (__typeof__(_al_next.sym))dlsym(RTLD_NEXT, #sym) : NULL;          \
+    _al_real.sym = object_base((const void *)_al_next.sym) == allocator.base ? _al_next.sym : fb_##sym;
 #define RESOLVE_OWN_NEW(sym) RESOLVE_OWN(sym)
 #define RESOLVE_OWN_NEW_ALIGNED(sym) RESOLVE_OWN(sym)
 #define RESOLVE_OWN_DELETE(sym) RESOLVE_OWN(sym)
@@ -125,8 +128,8 @@ static uintptr_t object_base(const void *fn)
 static int real_resolve(void)
 {
     _al_real.malloc = (__typeof__(_al_real.malloc))dlsym(RTLD_NEXT, "malloc");
-    uintptr_t allocator = object_base((const void *)_al_real.malloc);
-    if (!_al_real.malloc || !allocator)
+    struct al_object allocator;
+    if (!_al_object_of((const void *)_al_real.malloc, &allocator) || !allocator.base)
         return -ENOENT;
 #define AL_ENTRY(kind, op, sym, params, args, size, align, target) RESOLVE_##target(sym)
 #include "entries.def"

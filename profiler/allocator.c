@@ -51,6 +51,11 @@ static int holds_address(struct dl_phdr_info *info, size_t size, void *arg)
         return 0;
     q->out->base = lo;
     q->out->path = info->dlpi_name;
+    q->out->bias = info->dlpi_addr;
+    q->out->dynamic = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+            q->out->dynamic = (const Elf64_Dyn *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
     return 1;
 }
 
@@ -61,6 +66,47 @@ bool _al_object_of(const void *addr, struct al_object *out)
 {
     struct object_query q = { (uintptr_t)addr, out };
     return addr && dl_iterate_phdr(holds_address, &q) != 0;
+}
+
+bool _al_object_may_define(const struct al_object *o, const char *name)
+{
+    const uint32_t *gnu_hash = NULL;
+    const Elf64_Sym *symtab = NULL;
+    const char *strtab = NULL;
+    for (const Elf64_Dyn *d = o->dynamic; d && d->d_tag != DT_NULL; d++) {
+        /* The loader turns these into addresses in place; an object it did not relocate
+         * (the vDSO) keeps offsets from its load address. */
+        uintptr_t p = d->d_un.d_ptr < o->bias ? o->bias + d->d_un.d_ptr : d->d_un.d_ptr;
+        if (d->d_tag == DT_GNU_HASH)
+            gnu_hash = (const uint32_t *)p;
+        else if (d->d_tag == DT_SYMTAB)
+            symtab = (const Elf64_Sym *)p;
+        else if (d->d_tag == DT_STRTAB)
+            strtab = (const char *)p;
+    }
+    if (!gnu_hash || !symtab || !strtab)
+        return true;
+    uint32_t nbuckets = gnu_hash[0], symoffset = gnu_hash[1], bloom_words = gnu_hash[2], shift = gnu_hash[3];
+    if (nbuckets == 0 || bloom_words == 0)
+        return true;
+    const uint64_t *bloom = (const uint64_t *)(gnu_hash + 4);
+    const uint32_t *buckets = (const uint32_t *)(bloom + bloom_words);
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t h = 5381;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = h * 33 + *c;
+    uint64_t word = bloom[(h / 64) % bloom_words];
+    uint64_t mask = (1ull << (h % 64)) | (1ull << ((h >> shift) % 64));
+    if ((word & mask) != mask)
+        return false;
+    for (uint32_t i = buckets[h % nbuckets]; i != 0 && i >= symoffset; i++) { /* 0: an empty bucket */
+        uint32_t hi = chain[i - symoffset];
+        if ((hi | 1) == (h | 1) && symtab[i].st_shndx != SHN_UNDEF && strcmp(strtab + symtab[i].st_name, name) == 0)
+            return true;
+        if (hi & 1)
+            break;
+    }
+    return false;
 }
 
 static const char *base_name(const char *path)
@@ -76,8 +122,14 @@ static void copy(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
+/* NAME in the allocator's own object (OBJ, open as HANDLE), without a failed lookup. */
+static void *own_symbol(void *handle, const struct al_object *obj, const char *name)
+{
+    return _al_object_may_define(obj, name) ? dlsym(handle, name) : NULL;
+}
+
 /* Asks the allocator for its version through the introspection call it exports, if any. */
-static void version_of(struct al_allocator_info *a, void *handle)
+static void version_of(struct al_allocator_info *a, void *handle, const struct al_object *obj)
 {
     if (strcmp(a->name, "glibc") == 0) {
         copy(a->version, sizeof a->version, gnu_get_libc_version());
@@ -85,7 +137,7 @@ static void version_of(struct al_allocator_info *a, void *handle)
     }
     if (!handle)
         return;
-    int (*mallctl)(const char *, void *, size_t *, void *, size_t) = (void *)dlsym(handle, "mallctl");
+    int (*mallctl)(const char *, void *, size_t *, void *, size_t) = own_symbol(handle, obj, "mallctl");
     if (mallctl) {
         const char *v = NULL;
         size_t len = sizeof v;
@@ -98,7 +150,7 @@ static void version_of(struct al_allocator_info *a, void *handle)
             return;
         }
     }
-    const char *(*tc_version)(int *, int *, const char **) = (void *)dlsym(handle, "tc_version");
+    const char *(*tc_version)(int *, int *, const char **) = own_symbol(handle, obj, "tc_version");
     if (tc_version) {
         int major = 0, minor = 0;
         const char *patch = "";
@@ -106,7 +158,7 @@ static void version_of(struct al_allocator_info *a, void *handle)
         snprintf(a->version, sizeof a->version, "%d.%d%s", major, minor, patch ? patch : "");
         return;
     }
-    int (*mi_version)(void) = (void *)dlsym(handle, "mi_version");
+    int (*mi_version)(void) = own_symbol(handle, obj, "mi_version");
     if (mi_version) {
         int v = mi_version();
         snprintf(a->version, sizeof a->version, "%d.%d.%d", v / 100, (v / 10) % 10, v % 10);
@@ -161,7 +213,7 @@ void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc
             copy(a->name, sizeof a->name, known[i].name);
     }
     void *handle = obj.path[0] ? dlopen(obj.path, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-    version_of(a, handle);
+    version_of(a, handle, &obj);
     if (handle)
         dlclose(handle);
     if (requested && *requested && !same_file(requested, a->path))

@@ -1121,13 +1121,20 @@ void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc
                             const void *own_malloc, const char *requested);
 
 /* The loaded object holding ADDR: where its mappings start (one value per object), its path
- * ("" for the program itself), and the bounds of the segment holding ADDR. */
+ * ("" for the program itself), and the bounds of the segment holding ADDR; its load bias and
+ * dynamic section (NULL: none), for _al_object_may_define. */
 struct al_object {
     uintptr_t base;
     const char *path;
     uintptr_t seg_lo, seg_hi;
+    uintptr_t bias;
+    const Elf64_Dyn *dynamic;
 };
 bool _al_object_of(const void *addr, struct al_object *out);
+/* False only where O's GNU hash table says it defines no symbol NAME (any version): what
+ * spares start-up a failed dlsym, each of which formats and allocates an error message (twenty
+ * of them, the C++ operators, in a C program under glibc). True where it cannot tell. */
+bool _al_object_may_define(const struct al_object *o, const char *name);
 /* Loads the allocator's description (ALLOCLENS_CONFIG, else the cached probe result for the
  * library serving the calls); a config that cannot be read, or that describes another library
  * than the one serving the calls, is reported and not used. Its classes are kept as runs

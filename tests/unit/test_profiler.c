@@ -2,8 +2,11 @@
  * their histogram, the TSC's cost and rate, the options parser and settings (garbage values
  * warned about and defaulted), row indexing, the report buffer's JSON escaping, our descriptors'
  * table, the seccomp filter interpreter and what a filter refuses, the heap's residency after
- * an unmap alloclens did not see, file capabilities and LD_PRELOAD's reach. */
+ * an unmap alloclens did not see, file capabilities and LD_PRELOAD's reach, and the look-up in a
+ * loaded object's GNU hash table that spares start-up its failed dlsym calls. */
 #include <check.h>
+#include <dlfcn.h>
+#include <sys/auxv.h>
 
 #include "check_main.h"
 #include <errno.h>
@@ -698,6 +701,54 @@ START_TEST(reach_file_capabilities)
 }
 END_TEST
 
+/* Where the object holding ADDR may define NAME, by its hash table, and whether it does, by
+ * dlsym on HANDLE (searches that object first) landing in it. */
+static void check_defines(void *handle, const void *addr, const char *name, bool expect)
+{
+    struct al_object obj, at;
+    ck_assert(_al_object_of(addr, &obj));
+    void *f = dlsym(handle, name);
+    bool in = f && _al_object_of(f, &at) && at.base == obj.base;
+    ck_assert_msg(in == expect, "%s: dlsym %s it in the object", name, in ? "finds" : "does not find");
+    ck_assert_msg(_al_object_may_define(&obj, name) == expect, "%s: hash table says %d, expected %d", name,
+                  !expect, expect);
+}
+
+START_TEST(object_may_define_agrees_with_dlsym)
+{
+    void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    ck_assert_ptr_nonnull(libc);
+    const void *in_libc = dlsym(libc, "getpid");
+    static const char *const defined[] = { "malloc", "free", "getpid", "qsort", "dlsym", "posix_memalign",
+                                           "pthread_create", "memcpy", "_exit", "__libc_start_main" };
+    static const char *const absent[] = { "_Znwm", "_ZdlPv", "free_sized", "free_aligned_sized", "mallctl",
+                                          "tc_version", "mi_version", "al_no_such_symbol", "" };
+    for (size_t i = 0; i < sizeof defined / sizeof *defined; i++)
+        check_defines(libc, in_libc, defined[i], true);
+    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++)
+        check_defines(libc, in_libc, absent[i], false);
+    /* libstdc++ defines the C++ operators (and takes malloc from libc: used, not defined). */
+    void *cxx = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_LOCAL);
+    ck_assert_ptr_nonnull(cxx);
+    const void *in_cxx = dlsym(cxx, "_Znwm");
+    check_defines(cxx, in_cxx, "_Znwm", true);
+    check_defines(cxx, in_cxx, "_ZdlPvm", true);
+    check_defines(cxx, in_cxx, "_ZnwmSt11align_val_t", true);
+    struct al_object obj;
+    ck_assert(_al_object_of(in_cxx, &obj));
+    ck_assert(!_al_object_may_define(&obj, "malloc"));
+    ck_assert(!_al_object_may_define(&obj, "free_sized"));
+    /* The vDSO's dynamic section holds offsets, not addresses: the loader did not map it. */
+    const void *vdso = (const void *)getauxval(AT_SYSINFO_EHDR);
+    if (vdso && _al_object_of(vdso, &obj)) {
+        ck_assert(_al_object_may_define(&obj, "__vdso_clock_gettime"));
+        ck_assert(!_al_object_may_define(&obj, "__vdso_no_such_call"));
+    }
+    dlclose(cxx);
+    dlclose(libc);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("profiler");
@@ -722,6 +773,7 @@ int main(void)
     tcase_add_test(tc, seccomp_report_refused);
     tcase_add_test(tc, reach_file_capabilities);
     tcase_add_test(tc, heap_resident_after_unseen_unmap);
+    tcase_add_test(tc, object_may_define_agrees_with_dlsym);
     suite_add_tcase(s, tc);
     return al_check_run(s);
 }
