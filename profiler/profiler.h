@@ -570,10 +570,10 @@ struct al_thread_totals {
     uint64_t serial_cycles, parallel_cycles;
 };
 
-/* Sums every thread's rows and histograms (those that exited and those still running) into
- * the caller's arrays. */
 /* Calls counted so far, every thread together (what the report's rows will add up to). */
 uint64_t _al_threads_calls(void);
+/* Sums every thread's rows and histograms (those that exited and those still running) into
+ * the caller's arrays. */
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
                          struct al_measure_totals *extra);
 
