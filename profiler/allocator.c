@@ -33,7 +33,7 @@ static int holds_address(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
     struct object_query *q = arg;
-    uintptr_t lo = UINTPTR_MAX;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
     bool in = false;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
@@ -41,6 +41,7 @@ static int holds_address(struct dl_phdr_info *info, size_t size, void *arg)
             continue;
         uintptr_t start = info->dlpi_addr + ph->p_vaddr;
         lo = start < lo ? start : lo;
+        hi = start + ph->p_memsz > hi ? start + ph->p_memsz : hi;
         if (q->a >= start && q->a - start < ph->p_memsz) {
             in = true;
             q->out->seg_lo = start;
@@ -52,10 +53,17 @@ static int holds_address(struct dl_phdr_info *info, size_t size, void *arg)
     q->out->base = lo;
     q->out->path = info->dlpi_name;
     q->out->bias = info->dlpi_addr;
+    q->out->end = hi;
     q->out->dynamic = NULL;
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+    q->out->dynamic_relocated = false;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) {
             q->out->dynamic = (const Elf64_Dyn *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+            /* The loader turns the entries of a writable dynamic section into addresses in
+             * place; a read-only one (the vDSO's) keeps offsets from the load bias. */
+            q->out->dynamic_relocated = (info->dlpi_phdr[i].p_flags & PF_W) != 0;
+        }
+    }
     return 1;
 }
 
@@ -74,9 +82,11 @@ bool _al_object_may_define(const struct al_object *o, const char *name)
     const Elf64_Sym *symtab = NULL;
     const char *strtab = NULL;
     for (const Elf64_Dyn *d = o->dynamic; d && d->d_tag != DT_NULL; d++) {
-        /* The loader turns these into addresses in place; an object it did not relocate
-         * (the vDSO) keeps offsets from its load address. */
-        uintptr_t p = d->d_un.d_ptr < o->bias ? o->bias + d->d_un.d_ptr : d->d_un.d_ptr;
+        uintptr_t p = o->dynamic_relocated ? d->d_un.d_ptr : o->bias + d->d_un.d_ptr;
+        /* Anything but the object's own memory: not read, and no answer. */
+        if ((d->d_tag == DT_GNU_HASH || d->d_tag == DT_SYMTAB || d->d_tag == DT_STRTAB) &&
+            (p < o->base || p >= o->end))
+            return true;
         if (d->d_tag == DT_GNU_HASH)
             gnu_hash = (const uint32_t *)p;
         else if (d->d_tag == DT_SYMTAB)

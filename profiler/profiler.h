@@ -1121,14 +1121,15 @@ void _al_allocator_identify(struct al_allocator_info *a, const void *real_malloc
                             const void *own_malloc, const char *requested);
 
 /* The loaded object holding ADDR: where its mappings start (one value per object), its path
- * ("" for the program itself), and the bounds of the segment holding ADDR; its load bias and
- * dynamic section (NULL: none), for _al_object_may_define. */
+ * ("" for the program itself), and the bounds of the segment holding ADDR; and, for
+ * _al_object_may_define, its dynamic section (NULL: none). */
 struct al_object {
     uintptr_t base;
     const char *path;
     uintptr_t seg_lo, seg_hi;
-    uintptr_t bias;
+    uintptr_t bias, end;           /* its load bias; the end of its last segment */
     const Elf64_Dyn *dynamic;
+    bool dynamic_relocated;        /* the loader wrote addresses over its offsets */
 };
 bool _al_object_of(const void *addr, struct al_object *out);
 /* False only where O's GNU hash table says it defines no symbol NAME (any version): what
@@ -1146,7 +1147,7 @@ void _al_allocator_load_config(struct al_allocator_info *a, const char *path, bo
 
 struct al_report {
     pid_t pid;
-    char argv[4096];       /* /proc/self/cmdline, NUL-separated */
+    char argv[4096];       /* the command line as the image started, NUL-separated */
     size_t argv_len;
     uint64_t runtime_ns;
     bool has_exit_status;

@@ -48,7 +48,7 @@ void _al_report_restart(int argc, char *const argv[])
     /* As /proc/self/cmdline has it (NUL-terminated arguments), without opening it; the last
      * byte stays a NUL, as the writers expect of a long one cut short. */
     cmdline_len = 0;
-    for (int i = 0; i < argc && argv[i]; i++) {
+    for (int i = 0; i < argc && argv[i] && cmdline_len < sizeof cmdline - 1; i++) {
         size_t n = strlen(argv[i]) + 1;
         if (n > sizeof cmdline - 1 - cmdline_len)
             n = sizeof cmdline - 1 - cmdline_len;
