@@ -224,7 +224,6 @@ void _al_process_start(int argc, char *const argv[])
         _al_unbusy(t);
 }
 
-
 bool _al_process_shared_child(void)
 {
     return image_pid && !own_process();

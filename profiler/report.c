@@ -175,14 +175,6 @@ void _al_report_row(const struct al_report *r, unsigned i, struct al_row_stats *
     s->p999 = _al_hist_quantile(h, binned, 0.999);
 }
 
-static uint64_t total_calls(const struct al_report *r)
-{
-    uint64_t n = 0;
-    for (unsigned i = 0; i < AL_ROWS; i++)
-        n += r->rows[i].count;
-    return n;
-}
-
 /* OUTPUT.<pid>.json, or OUTPUT.<pid>.<n>.json when taken; opened with O_EXCL, *MADE set. Where
  * OUTPUT is there and not a regular file (-o /dev/null, a pipe), OUTPUT itself: no file is made
  * beside it (in /dev), and none may be removed (a failed exec's, _al_report_forget_exec). */
@@ -283,7 +275,7 @@ static void write_report(struct write_args *w)
     if (_al_sampler.enabled)
         _al_symbols_begin(main_image);
 
-    if (_al_settings.output && (main_image || total_calls(r) > 0)) {
+    if (_al_settings.output) {
         char path[4096];
         int fd;
         bool made = false;
@@ -359,8 +351,8 @@ static void write_on_own_stack(enum al_report_kind kind, bool has_status, int st
 {
     if (!planned(kind))
         return; /* nothing to gather */
-    /* A side process's only output is its JSON, written when it made calls (write_report):
-     * a program that allocates nothing (a shell's /bin/true) gathers nothing either. */
+    /* A side process's only output is its JSON, written only where it made calls: a program
+     * that allocates nothing (a shell's /bin/true) has no report, and gathers nothing. */
     if (!main_at_end(kind) && _al_threads_calls() == 0)
         return;
     pending = (struct write_args){ kind, has_status, status, main_at_end(kind) };
