@@ -68,6 +68,29 @@ static void count_object(struct al_thread *t, uint32_t slot, int sign, uint64_t 
     AL_BUMP(t->cls[slot][AL_CLS_EXTRA], sign * extra);
 }
 
+/* 16-byte granules (half the shadow's granule bytes) where the allocator is glibc, which
+ * documents that every block it returns is 16-byte aligned on 64-bit systems, and every size
+ * class of C leaves the record room; C's classes are all there are, its blocks handed out by
+ * memalign and the like included (glibc's usable sizes are 8 less than a multiple of 16, from
+ * 24 up). Other allocators hand out 8-byte classes at 8-byte alignment. */
+static unsigned granule_shift(const struct al_alloc_config *c)
+{
+    unsigned shift = AL_SHADOW_GRANULE_SHIFT + 1;
+    if (strcmp(_al_allocator.name, "glibc") != 0)
+        return AL_SHADOW_GRANULE_SHIFT;
+    for (uint32_t i = 0; i < c->nruns; i++) {
+        const struct al_class_run *run = &c->runs[i];
+        for (uint32_t k = 0; k < run->count; k++) {
+            uint64_t size = run->first + k * run->step;
+            if (size >= (uint64_t)AL_SHADOW_MAX_NIBBLES << shift)
+                break; /* and so do the run's larger classes */
+            if (!_al_shadow_record_fits(size, shift))
+                return AL_SHADOW_GRANULE_SHIFT;
+        }
+    }
+    return shift;
+}
+
 void _al_waste_init(const struct al_alloc_config *c)
 {
     struct al_waste_state *w = &_al_waste;
@@ -81,6 +104,7 @@ void _al_waste_init(const struct al_alloc_config *c)
         if ((mem || !bytes) && _al_class_table_build(&w->table, c, mem) == 0) {
             w->has_table = true;
             w->nclasses = c->nclasses;
+            _al_shadow.granule_shift = granule_shift(c);
         }
     }
     w->slot_any = w->nclasses;
@@ -109,6 +133,9 @@ void _al_waste_init(const struct al_alloc_config *c)
         return;
     }
     _al_heap_init();
+    /* A thread that exists already (another library's constructor made it) writes its first
+     * record once it sees this, and must see the granule set above by then. */
+    atomic_thread_fence(memory_order_release);
     w->enabled = true;
 }
 

@@ -5,17 +5,24 @@
  * 1, 2 and 4 more nibbles holding size - 12; 15 announces 16 nibbles holding the size. An
  * object of a page or more adds 8 nibbles: the pages it is accounted for, so its free takes
  * back exactly what its allocation counted. A size needs at most ceil(size / 8)
- * nibbles this way (12 bytes: 2, 28: 3, 268: 5, 65548: 17), so the record never leaves the
- * object, whose granules no other live object can share.
+ * nibbles this way (12 bytes: 2, 28: 3, 268: 5, 65548: 17), so in 8-byte granules the record
+ * never leaves the object, whose granules no other live object can share. In 16-byte granules
+ * it does not either where no object's usable size is in 12..16 or 28..32 bytes
+ * (_al_shadow_record_fits): glibc's smallest is 24, and the next 40.
  */
 #include "shadow.h"
 
-#define MAX_NIBBLES (17 + 8)
+#define MAX_NIBBLES AL_SHADOW_MAX_NIBBLES
 
 unsigned _al_shadow_record_nibbles(uint64_t req)
 {
     unsigned n = req < 12 ? 1 : req < 28 ? 2 : req < 268 ? 3 : req < 65548 ? 5 : 17;
     return req >= AL_SHADOW_BIG ? n + 8 : n;
+}
+
+bool _al_shadow_record_fits(uint64_t usable, unsigned shift)
+{
+    return _al_shadow_record_nibbles(usable) <= (usable + (1ull << shift) - 1) >> shift;
 }
 
 static void put(uint8_t *nib, unsigned n, uint64_t v)
@@ -85,13 +92,14 @@ bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req,
     return true;
 }
 
-/* The granule bytes of [a, a + 8 * n): in one region, or (an object straddling the end of a
- * region, rare) gathered across two. */
+/* The bytes of the N granules from A: in one region, or (an object straddling the end of a
+ * region, rare) gathered across two. Only 8-byte granules come here: in 16-byte ones the
+ * record of a region's last object runs on into the unused second half of its bytes. */
 static unsigned granules(uint64_t a, unsigned n, uint8_t **bytes)
 {
     struct al_shadow_region *r = NULL;
     for (unsigned i = 0; i < n; i++) {
-        uint64_t x = a + ((uint64_t)i << AL_SHADOW_GRANULE_SHIFT);
+        uint64_t x = a + ((uint64_t)i << _al_shadow.granule_shift);
         if (!r || AL_SHADOW_GRANULE(x) == 0)
             r = _al_shadow_region_get(x);
         if (!r)

@@ -8,7 +8,7 @@
 
 #include "shadow.h"
 
-struct al_shadow _al_shadow;
+struct al_shadow _al_shadow = { .granule_shift = AL_SHADOW_GRANULE_SHIFT };
 
 static size_t dir_bytes;
 

@@ -13,14 +13,16 @@
  * backs a region record's pages only as they are written, so an entry costs memory in
  * proportion to the heap it describes.
  *
- * The region record also holds, per 8-byte granule (the smallest alignment any allocator hands
- * out), one byte: four flags (an allocation ever returned this address; the object here now is
- * live, is sampled, has a class the size table cannot tell) and a nibble of payload. A live
- * object's record is the payload of its first granules: its requested size (and, for objects
- * of a page or more, the pages it is accounted for), written in at most
- * ceil(requested / 8) nibbles, so it always fits inside the object itself. The granules of a
- * live object belong to it alone: records are written with plain byte stores, no lock, no
- * atomic instruction, and grow with the heap, not with the number of objects.
+ * The region record also holds, per granule, one byte: four flags (an allocation ever returned
+ * this address; the object here now is live, is sampled, has a class the size table cannot
+ * tell) and a nibble of payload. A granule is 8 bytes (the smallest alignment allocators hand
+ * out), or 16 where every object is 16-byte aligned and no size class is too small for its
+ * record in 16-byte granules (glibc's: the byte per granule, most of the table's memory, then
+ * costs half as much). A live object's record is the payload of its first granules: its
+ * requested size (and, for objects of a page or more, the pages it is accounted for), in no
+ * more nibbles than the object has granules, so it always fits inside the object itself. The
+ * granules of a live object belong to it alone: records are written with plain byte stores, no
+ * lock, no atomic instruction, and grow with the heap, not with the number of objects.
  *
  * Beside it, a bitmap says which pages the allocator holds from the kernel (its mmap and brk
  * ranges), so that the resident heap can be measured at a snapshot: 32 bytes per MiB, in 4 GiB
@@ -44,7 +46,7 @@
 #define AL_SHADOW_REGION_SHIFT 20
 #define AL_SHADOW_PAGE_SHIFT 12
 #define AL_SHADOW_LINE_SHIFT 6
-#define AL_SHADOW_GRANULE_SHIFT 3
+#define AL_SHADOW_GRANULE_SHIFT 3 /* the smaller granule: what region records are sized for */
 #define AL_SHADOW_PAGE_SIZE (1u << AL_SHADOW_PAGE_SHIFT)
 #define AL_SHADOW_PAGES (1u << (AL_SHADOW_REGION_SHIFT - AL_SHADOW_PAGE_SHIFT))
 #define AL_SHADOW_LINES (1u << (AL_SHADOW_PAGE_SHIFT - AL_SHADOW_LINE_SHIFT))
@@ -68,7 +70,10 @@ struct al_shadow_region {
     _Atomic uint32_t line_blocks;                   /* blocks of line[] handed out */
     _Atomic uint64_t seen[AL_SHADOW_GRANULES / 64]; /* --mode time: a bit per granule ever returned */
     _Atomic uint16_t line[AL_SHADOW_PAGES][AL_SHADOW_LINES]; /* level 3, a block per page */
-    uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4 */
+    uint8_t granule[AL_SHADOW_GRANULES];            /* flags | payload << 4; 16-byte granules
+                                                       use the first half, and the records of
+                                                       the region's last objects run on into
+                                                       the second */
 };
 
 #define AL_SHADOW_SLICE_SHIFT 32
@@ -84,6 +89,10 @@ struct al_shadow {
     _Atomic uint64_t slices;      /* level-1 slices created */
     _Atomic uint64_t regions;     /* region records created */
     _Atomic uint64_t untracked;   /* addresses beyond the table (should stay 0) */
+    /* log2 of the granule's bytes: AL_SHADOW_GRANULE_SHIFT, or one more where
+     * _al_shadow_granule_choose found the allocator's objects fit 16-byte granules. Set once,
+     * before the first record. */
+    unsigned granule_shift;
 };
 
 extern struct al_shadow _al_shadow;
@@ -167,7 +176,7 @@ _al_shadow_region_cached(struct al_shadow_cache *c, uint64_t a, bool create)
 #define AL_SHADOW_SAMPLED 4u
 #define AL_SHADOW_LIVE 8u
 
-#define AL_SHADOW_GRANULE(a) (((a) & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT)
+#define AL_SHADOW_GRANULE(a) (((a) & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> _al_shadow.granule_shift)
 #define AL_SHADOW_PAGE_INDEX(a) (((a) >> AL_SHADOW_PAGE_SHIFT) & (AL_SHADOW_PAGES - 1))
 
 /* The flags of the object at p: AL_SHADOW_LIVE, AL_SHADOW_SAMPLED, ... (0 where no region). */
@@ -187,10 +196,11 @@ static inline __attribute__((always_inline)) unsigned _al_shadow_flags(const voi
  * marks a large object's start. */
 #define AL_SHADOW_MARK_LARGE 0x10u
 
-/* Whether an allocation returned A before; marks it returned. */
+/* Whether an allocation returned A before; marks it returned. The bits are per 8 bytes
+ * whatever the granule (only full mode, which does not use them, has larger ones). */
 static inline __attribute__((always_inline)) bool _al_shadow_seen(struct al_shadow_region *r, uint64_t a)
 {
-    uint64_t g = AL_SHADOW_GRANULE(a);
+    uint64_t g = (a & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT;
     _Atomic uint64_t *w = &r->seen[g >> 6];
     uint64_t bit = 1ull << (g & 63);
     if (__builtin_expect((atomic_load_explicit(w, memory_order_relaxed) & bit) != 0, 1))
@@ -266,6 +276,12 @@ struct al_shadow_object {
 /* The records as nibble strings (exposed for the tests): the nibbles an object of REQ bytes
  * needs, encoding, decoding. */
 unsigned _al_shadow_record_nibbles(uint64_t req);
+/* The most nibbles a record takes. */
+#define AL_SHADOW_MAX_NIBBLES (17u + 8u)
+/* Whether the record of any object of at most USABLE bytes fits in the granules of 1 << SHIFT
+ * bytes that an object of USABLE bytes, aligned to them, has to itself (always true from
+ * AL_SHADOW_MAX_NIBBLES << SHIFT bytes up). */
+bool _al_shadow_record_fits(uint64_t usable, unsigned shift);
 unsigned _al_shadow_record_encode(uint8_t *nib, uint64_t req, uint32_t pages);
 bool _al_shadow_record_decode(const uint8_t *nib, unsigned avail, uint64_t *req, uint32_t *pages);
 

@@ -75,13 +75,14 @@ static void own_lines(struct al_shadow_region *r, uint64_t lo, uint64_t hi, unsi
 static void each_object(uint64_t lo, uint64_t hi,
                         void (*fn)(uint64_t g, const struct al_shadow_object *live, void *arg), void *arg)
 {
-    uint64_t from = (lo > AL_SHADOW_PAGE_SIZE ? lo - AL_SHADOW_PAGE_SIZE + 8 : 0) & ~7ull;
+    uint64_t step = 1ull << _al_shadow.granule_shift;
+    uint64_t from = (lo > AL_SHADOW_PAGE_SIZE ? lo - AL_SHADOW_PAGE_SIZE + step : 0) & ~(step - 1);
     struct al_shadow_region *r = NULL;
-    for (uint64_t g = from; g < hi; g += 8) {
+    for (uint64_t g = from; g < hi; g += step) {
         if (!r || (g & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) == 0)
             r = _al_shadow_region(g);
         if (!r) {
-            g = (g | ((1u << AL_SHADOW_REGION_SHIFT) - 1)) + 1 - 8;
+            g = (g | ((1u << AL_SHADOW_REGION_SHIFT) - 1)) + 1 - step;
             continue;
         }
         uint8_t b = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(g)], __ATOMIC_RELAXED);

@@ -56,6 +56,12 @@ for name in allocs:
     tap.ok(prof.get("process_peak_rss_bytes", 0) >= t["heap_rss_peak"] + prof.get("shadow_bytes", 0) > 0,
            f"waste_frag under {name}: process peak RSS {prof.get('process_peak_rss_bytes')} holds the heap at "
            f"its peak ({t['heap_rss_peak']}) and the shadow table ({prof.get('shadow_bytes')})")
+    # The shadow table is mostly a byte per granule of heap: 8 bytes (12.5%, and the page and line
+    # entries), or under glibc, whose blocks are all 16-byte aligned, 16 bytes (6.25%).
+    shadow_limit = 0.08 if name == "glibc" else 0.15
+    tap.ok(0 < prof.get("shadow_bytes", 0) <= shadow_limit * t["heap_rss_peak"],
+           f"waste_frag under {name}: shadow table {prof.get('shadow_bytes')} bytes, at most "
+           f"{shadow_limit:.0%} of the heap at its peak ({t['heap_rss_peak']})")
     for key, s in (("peak", peak), ("final", final)):
         parts = (s["live_requested_bytes"] + s["internal_fragmentation_bytes"] + s["blowup_bytes"]
                  + s["external_fragmentation_bytes"] - s["unbacked_bytes"])

@@ -303,6 +303,67 @@ START_TEST(objects_straddling_regions)
 }
 END_TEST
 
+START_TEST(records_fit_their_granules)
+{
+    /* In 8-byte granules every object's record fits (object.c's claim, checked). */
+    for (uint64_t u = 1; u <= 70000; u++)
+        ck_assert(_al_shadow_record_fits(u, 3));
+    /* In 16-byte ones all but usable sizes of 12-16 and 28-32 bytes: glibc's all do. */
+    for (uint64_t u = 1; u <= 70000; u++)
+        ck_assert(_al_shadow_record_fits(u, 4) == !((u >= 12 && u <= 16) || (u >= 28 && u <= 32)));
+    ck_assert(!_al_shadow_record_fits(0, 4));
+}
+END_TEST
+
+/* glibc's layout in 16-byte granules: blocks of usable size 24 + 16k, each 8 bytes short of
+ * the next, every request its class holds; records written in both orders read back exact,
+ * across a region's end too, with big blocks among them. */
+START_TEST(records_in_16_byte_granules)
+{
+    _al_shadow.granule_shift = 4;
+    static const uint64_t starts[] = { 0x7f0003000010ull, 0x7f00032ff000ull };
+    enum { N = 3000 };
+    static uint64_t at[N], req[N];
+    struct al_shadow_object o;
+    uint64_t seed = 7;
+    for (unsigned k = 0; k < 2; k++) {
+        uint64_t a = starts[k];
+        for (unsigned i = 0; i < N; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            uint64_t usable = i % 97 == 5 ? 4096 + 16 * (seed >> 52) + 8 : 24 + 16 * ((seed >> 33) % 40);
+            at[i] = a;
+            req[i] = usable - (usable == 24 ? (seed >> 20) % 25 : (seed >> 20) % 16);
+            a += usable + 8;
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            for (unsigned j = 0; j < N; j++) {
+                unsigned i = pass ? N - 1 - j : j;
+                ck_assert(mark((void *)(uintptr_t)at[i], req[i]) == (pass == 1));
+            }
+            for (unsigned i = 0; i < N; i++) {
+                ck_assert(_al_shadow_object_read(at[i], &o));
+                ck_assert_uint_eq(o.requested, req[i]);
+            }
+            for (unsigned i = 0; i < N; i++) {
+                ck_assert(retire((void *)(uintptr_t)at[i], &o));
+                ck_assert_uint_eq(o.requested, req[i]);
+            }
+        }
+    }
+    /* A second thread on a page: the first one's lines are found from its records. */
+    uint64_t page = 0x7f0003600000ull;
+    mark_by(page, 24, 3);
+    mark_by(page + 32, 40, 3);
+    mark_by(page + 256, 24, 3);
+    mark_by(page + 128, 24, 4);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)page)), 3);
+    ck_assert_uint_eq(_al_shadow_line((void *)(uintptr_t)page) & AL_LINE_USED_MASK, 56);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 256))), 3);
+    ck_assert_uint_eq(AL_LINE_OWNER(_al_shadow_line((void *)(uintptr_t)(page + 128))), 4);
+    _al_shadow.granule_shift = AL_SHADOW_GRANULE_SHIFT;
+}
+END_TEST
+
 START_TEST(pages_and_lines)
 {
     char *page = (char *)(uintptr_t)0x7f0000c00000ull;
@@ -503,6 +564,8 @@ int main(void)
     tcase_add_test(tc, records_in_the_table);
     tcase_add_test(tc, big_objects_keep_their_most_pages);
     tcase_add_test(tc, objects_straddling_regions);
+    tcase_add_test(tc, records_fit_their_granules);
+    tcase_add_test(tc, records_in_16_byte_granules);
     tcase_add_test(tc, pages_and_lines);
     tcase_add_test(tc, every_size_through_the_table);
     tcase_add_test(tc, page_owners_stand_for_their_lines);
