@@ -654,6 +654,11 @@ void _al_sampler_lock(void)
     lock();
 }
 
+uint64_t _al_sampler_live(void)
+{
+    return s.nsamples;
+}
+
 void _al_sampler_unlock(void)
 {
     unlock();

@@ -97,6 +97,8 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
 void _al_sampler_report_begins(void);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
+/* Live samples (lock held). */
+uint64_t _al_sampler_live(void);
 void _al_sampler_atfork_child(void);
 
 /* report_sites.c */

@@ -104,7 +104,12 @@ void _al_waste_init(const struct al_alloc_config *c)
         if ((mem || !bytes) && _al_class_table_build(&w->table, c, mem) == 0) {
             w->has_table = true;
             w->nclasses = c->nclasses;
-            _al_shadow.granule_shift = granule_shift(c);
+            /* A sample another thread took already was marked in an 8-byte granule, where its
+             * free must find the mark: then the granule stays. */
+            _al_sampler_lock();
+            if (!_al_sampler_live())
+                _al_shadow.granule_shift = granule_shift(c);
+            _al_sampler_unlock();
         }
     }
     w->slot_any = w->nclasses;
