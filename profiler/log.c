@@ -1,15 +1,45 @@
 /* What the profiler writes to descriptors: the one line on stderr it talks to the user with
  * while the program runs (formatted on the stack and written with write(2): no stdio, no
  * allocation; capped so a misbehaving run cannot flood the program's stderr), and whole
- * reports. Neither may end the program by SIGPIPE. */
+ * reports. Neither may end the program by SIGPIPE, nor go into a file of the program's that
+ * took over fd 2. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "profiler.h"
+
+/* What stderr was when the image started: a program may close it and open a file of its own,
+ * which then gets fd 2 (a data file, a log of its own) and must receive nothing of ours. A
+ * copy of the first stderr would cost the program a descriptor and keep a pipe it closed open
+ * for whoever reads it, so a line that cannot go where stderr was is not written. */
+static struct {
+    bool known, open;
+    dev_t dev;
+    ino_t ino;
+} stderr_start;
+
+void _al_stderr_note(void)
+{
+    struct stat st;
+    stderr_start.open = fstat(STDERR_FILENO, &st) == 0;
+    stderr_start.dev = st.st_dev;
+    stderr_start.ino = st.st_ino;
+    stderr_start.known = true;
+}
+
+bool _al_stderr_ours(void)
+{
+    struct stat now;
+    if (!stderr_start.known)
+        return true; /* start-up: the program has not run yet */
+    return stderr_start.open && fstat(STDERR_FILENO, &now) == 0 && now.st_dev == stderr_start.dev &&
+           now.st_ino == stderr_start.ino;
+}
 
 static int write_loop(int fd, const char *p, size_t len)
 {
@@ -66,6 +96,8 @@ void _al_log(const char *fmt, ...)
     if (total > sizeof line - 2)
         total = sizeof line - 2;
     line[total++] = '\n';
+    if (!_al_stderr_ours())
+        return;
     if (n == MAX_MESSAGES - 1) {
         static const char more[] = "alloclens: further messages suppressed\n";
         (void)_al_write_all(STDERR_FILENO, line, total);

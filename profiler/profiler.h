@@ -272,6 +272,11 @@ void _al_buf_free(struct al_buf *b);
 /* log.c: writes all of DATA (LEN bytes) to FD, through short writes and EINTR, never ending
  * the program by SIGPIPE; 0 or a negative errno. */
 int _al_write_all(int fd, const void *data, size_t len);
+/* Notes what fd 2 is as the image starts; whether fd 2 is still that (or nothing was noted
+ * yet): where it is not, the program put a file of its own there, and neither our lines nor
+ * our report may go into it. */
+void _al_stderr_note(void);
+bool _al_stderr_ours(void);
 /* Writes the whole buffer to fd; 0 or a negative errno. */
 int _al_buf_write_fd(const struct al_buf *b, int fd);
 /* From now on the text of B (empty) goes to FD a chunk at a time, so that it never holds

@@ -27,10 +27,6 @@ const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS] = {
     { SIGXCPU, false }, { SIGXFSZ, false },                                       /* over a limit */
     { SIGABRT, true }, { SIGSEGV, true }, { SIGBUS, true }, { SIGFPE, true }, { SIGILL, true },
 };
-/* What stderr was when the image started: a program may close it and reuse fd 2 for a file
- * of its own, which must not receive our report. */
-static struct stat stderr_at_start;
-static bool stderr_open;
 static struct al_clock_pair image_start;
 static char exec_report_path[4096] AL_LARGE_BSS;
 /* The command line as the image started: programs rewrite theirs (redis sets a process title
@@ -44,7 +40,7 @@ void _al_report_restart(int argc, char *const argv[])
     image_start = _al_tsc_pair_now();
     if (!argv)
         return; /* a forked child runs the same command line */
-    stderr_open = fstat(STDERR_FILENO, &stderr_at_start) == 0;
+    _al_stderr_note();
     /* As /proc/self/cmdline has it (NUL-terminated arguments), without opening it; the last
      * byte stays a NUL, as the writers expect of a long one cut short. */
     cmdline_len = 0;
@@ -294,9 +290,7 @@ static void write_report(struct write_args *w)
         _al_report_pprof(_al_settings.pprof, r->runtime_ns);
     if (main_image && _al_settings.text) {
         if (strcmp(_al_settings.text, "-") == 0) {
-            struct stat now;
-            if (stderr_open && fstat(STDERR_FILENO, &now) == 0 && now.st_dev == stderr_at_start.st_dev &&
-                now.st_ino == stderr_at_start.st_ino)
+            if (_al_stderr_ours())
                 write_to(STDERR_FILENO, "stderr", false, _al_report_text, r, ending);
         } else {
             int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);

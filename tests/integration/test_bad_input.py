@@ -247,6 +247,18 @@ def test_unwritable_paths(tap):
         one_line(tap, desc, prof, path)
         tap.ok(load(out) is not None, f"{desc}: the JSON report is still written")
 
+    # A program that puts a file of its own on fd 2 gets nothing of ours in it: not the line
+    # saying the report cannot be written, nor the text report meant for stderr.
+    sub = tmpdir()
+    own = os.path.join(sub, "own.txt")
+    desc = "direct ALLOCLENS_OUTPUT unwritable, program's own file on fd 2"
+    plain, prof = direct(sub, ["sh", "-c", 'exec 2>"$0"; printf data >&2; exit 3', own],
+                         ALLOCLENS_OUTPUT="/nonexistent/dir/r.json", ALLOCLENS_TEXT="-")
+    same_as_plain(tap, desc, plain, prof)
+    with open(own) as f:
+        got = f.read()
+    tap.ok(got == "data", f"{desc}: the program's file holds only what it wrote", repr(got[:500]))
+
     # Report paths are the command's, not the program's: one that changes directory before it
     # exits still writes them where `alloclens run` was started.
     top = tmpdir()
