@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "interpose.h"
@@ -95,32 +96,52 @@ static void put_default(int sig)
     real_sigaction(sig, &dfl, NULL);
 }
 
-/* Whether SIG, one of _al_ending_signals, can wait for the end of the call it interrupted. */
-static bool can_wait(int sig)
+/* Whether SIG, one of _al_ending_signals, can wait for the end of the call it interrupted: not
+ * a crash, whose faulting instruction would run again, unless another process sent it with
+ * kill (then no instruction of ours faulted). */
+static bool can_wait(int sig, const siginfo_t *si)
 {
+    if (si && si->si_code == SI_USER && si->si_pid != getpid())
+        return true;
     for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++)
         if (_al_ending_signals[i].sig == sig)
             return !_al_ending_signals[i].crash;
     return false;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* How long after a held signal another one is taken as coming with it. */
+#define HELD_TOGETHER_NS (50u * 1000000u)
+
 /* A signal the program leaves at its default is about to end the process. Inside one of our
  * calls, whose state is half-updated (with the allocator's locks perhaps held), the report
  * cannot be gathered: a signal that can wait is raised again where the call ends
- * (_al_unbusy), microseconds later, with no code of the program's run in between; a second
- * one before then ends the process with a line instead of the report. */
+ * (_al_unbusy), microseconds later, with no code of the program's run in between. */
 static void end_by_signal(int sig, siginfo_t *si, void *ctx)
 {
-    (void)si;
     (void)ctx;
     /* Open for the rest of an allocator call this interrupted, as for the program's handlers
      * (run_program_handler): returning takes a system call outside our trampoline. */
     struct al_thread *t = _al_selector_open();
-    /* Once only: a thread left busy for good (a handler of the program's that jumped out of
-     * an allocator call with siglongjmp) must not hold a second one back. */
-    if (t && t->busy == 1 && !t->ending_signal && can_wait(sig)) {
-        t->ending_signal = sig;
-        return;
+    if (t && t->busy == 1) {
+        if (!t->ending_signal && can_wait(sig, si)) {
+            t->ending_signal = sig;
+            t->ending_since = now_ns();
+            return;
+        }
+        /* Another right behind the held one (timeout(1) signals the process, then its group)
+         * comes with it, as a signal already pending absorbs the next: the held one ends the
+         * process when the call ends. Later, the thread may be busy for good (a handler of the
+         * program's jumped out of the call with siglongjmp) and the held one never raised:
+         * this one ends the process, with a line instead of the report. */
+        if (t->ending_signal && now_ns() - t->ending_since < HELD_TOGETHER_NS)
+            return;
     }
     _al_process_before_fatal_signal(sig, &_al_own_memory);
     /* Another thread may be writing the report already (a second signal, or exit). */

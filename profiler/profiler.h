@@ -528,6 +528,7 @@ struct al_thread {
      * (signal_compat.c); their pages are touched only once used. */
     ucontext_t contexts[AL_CONTEXT_SLOTS];
     unsigned next_context;
+    uint64_t ending_since;   /* CLOCK_MONOTONIC ns when ending_signal was held */
 };
 
 _Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row) <= 4096 &&

@@ -424,25 +424,32 @@ def check(tap, alloc, c, plain, prof, ptmp, tmp):
 
 
 def check_signal_in_allocator(tap, shim, leaf):
-    """SIGTERM raised from inside the allocator's malloc (host_raise_in_malloc, preloaded as an
-    allocator is): the signal lands inside one of our calls every time. The process still dies
-    by it, with its output its own, and the report is written, nothing said on stderr."""
+    """A signal raised from inside the allocator's malloc (host_raise_in_malloc, preloaded as an
+    allocator is): it lands inside one of our calls every time. SIGTERM; SIGTERM twice in a
+    row (the second comes with the first); SIGSEGV sent by another process (no crash: it waits
+    for the call to end too). The process still dies by it, with its output its own, and the
+    report is written, nothing said on stderr."""
+    for how, sig in (("raise", signal.SIGTERM), ("twice", signal.SIGTERM), ("kill", signal.SIGSEGV)):
+        signal_in_allocator(tap, shim, leaf, how, sig)
+
+
+def signal_in_allocator(tap, shim, leaf, how, sig):
     argv = [leaf, "0", "5000"]
-    env = dict(clean_env(), HOST_RAISE_AT="2000", HOST_RAISE_SIGNAL=str(int(signal.SIGTERM)))
+    env = dict(clean_env(), HOST_RAISE_AT="2000", HOST_RAISE_SIGNAL=str(int(sig)), HOST_RAISE_HOW=how)
     plain = subprocess.run(argv, env=dict(env, LD_PRELOAD=shim), capture_output=True, timeout=TIMEOUT)
     for mode in ("full", "time", "sample"):
-        desc = f"SIGTERM raised inside malloc, --mode {mode}"
+        desc = f"{sig.name} inside malloc ({how}), --mode {mode}"
         tmp = altest.tmpdir()
         out = os.path.join(tmp, "r.json")
         prof = subprocess.run(argv, env=dict(env, LD_PRELOAD=f"{SO}:{shim}", ALLOCLENS_OUTPUT=out,
                                              ALLOCLENS_TEXT="off", ALLOCLENS_MODE=mode),
                               capture_output=True, timeout=TIMEOUT)
-        tap.ok(plain.returncode == prof.returncode == -signal.SIGTERM and plain.stdout == prof.stdout,
-               f"{desc}: dies by SIGTERM, output as plain",
+        tap.ok(plain.returncode == prof.returncode == -sig and plain.stdout == prof.stdout,
+               f"{desc}: dies by {sig.name}, output as plain",
                f"plain {status_text(plain.returncode)}, alloclens {status_text(prof.returncode)}")
         main, err = load(out)
-        tap.ok(main is not None and main["program"].get("signal") == signal.SIGTERM and prof.stderr == b"",
-               f"{desc}: the report, ended by SIGTERM, and nothing on stderr",
+        tap.ok(main is not None and main["program"].get("signal") == sig and prof.stderr == b"",
+               f"{desc}: the report, ended by {sig.name}, and nothing on stderr",
                f"{err or main['program']}; stderr: {prof.stderr[-500:]!r}")
         shutil.rmtree(tmp, ignore_errors=True)
 
