@@ -87,16 +87,18 @@ static void on_exit_report(int status, void *arg)
     _al_report_write(AL_REPORT_EXIT, true, status & 0xff);
 }
 
+/* The registry's lock first: it blocks signals (thread.c), so no handler can come to the
+ * sampler's lock held here, nor to either in the child until it has set both right. */
 static void atfork_prepare(void)
 {
-    _al_sampler_lock();
     _al_threads_atfork_prepare();
+    _al_sampler_lock();
 }
 
 static void atfork_parent(void)
 {
-    _al_threads_atfork_parent();
     _al_sampler_unlock();
+    _al_threads_atfork_parent();
 }
 
 static void atfork_child(void)
@@ -107,6 +109,7 @@ static void atfork_child(void)
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
     _al_report_restart(0, NULL);
+    _al_threads_fork_done();
 }
 
 /* What needs libc fully set up: settings from the environment, the exit and fork handlers,

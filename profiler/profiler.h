@@ -564,9 +564,12 @@ void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */
 void _al_thread_spawn_failed(void);
 void _al_thread_started(struct al_thread *t);
-void _al_threads_after_fork_child(void);
+/* Around fork: the registry's lock, taken with signals blocked; the child's unlocks it and
+ * leaves them blocked until _al_threads_fork_done, the child's last step. */
 void _al_threads_atfork_prepare(void);
 void _al_threads_atfork_parent(void);
+void _al_threads_after_fork_child(void);
+void _al_threads_fork_done(void);
 void _al_threads_init(void);
 /* The serial and parallel times count from now: from where the report's runtime does. */
 void _al_threads_phase_restart(void);

@@ -39,14 +39,38 @@ static struct {
     struct al_measure_totals extra; /* exited threads */
 } reg = { .live_threads = 1, .total = 1, .max_live = 1 };
 
+/* The lock is held with every signal blocked but SIGSYS (syscall user dispatch needs it
+ * deliverable; nothing here raises it): a handler of the program's that allocates, or ends the
+ * process with a report, on a thread holding the lock would take it again and spin for ever. A
+ * timer's handler that allocated did so on a thread making its state (whose first allocation,
+ * with no state yet to mark it busy, takes the lock for the spare list), and every other thread
+ * then spun at its exit, and the report at the program's. Only rare paths take it: a thread's
+ * start and end, pthread_create, fork, snapshots and the report. */
+static __thread sigset_t unlocked_mask, fork_mask;
+
+static void block_signals(void)
+{
+    sigset_t all;
+    sigfillset(&all);
+    sigdelset(&all, SIGSYS);
+    pthread_sigmask(SIG_BLOCK, &all, &unlocked_mask);
+}
+
+static void restore_signals(void)
+{
+    pthread_sigmask(SIG_SETMASK, &unlocked_mask, NULL);
+}
+
 static void lock(void)
 {
+    block_signals();
     _al_spin_lock(&reg.lock);
 }
 
 static void unlock(void)
 {
     _al_spin_unlock(&reg.lock);
+    restore_signals();
 }
 
 /* Adds SRC's rows and histograms (one array per row, NULL for rows never timed) to DST's
@@ -332,7 +356,14 @@ void _al_threads_after_fork_child(void)
     reg.total = reg.max_live = 1;
     reg.serial_cycles = reg.parallel_cycles = 0;
     reg.phase_since = _al_tsc();
-    unlock();
+    /* Signals stay blocked until _al_threads_fork_done. */
+    fork_mask = unlocked_mask;
+    _al_spin_unlock(&reg.lock);
+}
+
+void _al_threads_fork_done(void)
+{
+    pthread_sigmask(SIG_SETMASK, &fork_mask, NULL);
 }
 
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,
