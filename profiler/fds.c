@@ -44,6 +44,17 @@ int _al_fd_move_up(int fd, int at)
     if (fd < 0 || fd >= at)
         return fd;
     int high = fcntl(fd, F_DUPFD_CLOEXEC, at);
+    struct rlimit nofile;
+    if (high < 0 && getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur >= 16 &&
+        (rlim_t)at >= nofile.rlim_cur) {
+        /* The program lowered its limit since start-up (to 1024, for select): as high as the
+         * limit lets, by the rule _al_fds_init uses, rather than the lowest number, which the
+         * program's next open would have had. */
+        rlim_t lim = nofile.rlim_cur;
+        rlim_t below = lim >= 1024 ? lim - 16 : lim / 2;
+        if (below > (rlim_t)fd)
+            high = fcntl(fd, F_DUPFD_CLOEXEC, (int)below);
+    }
     if (high < 0)
         return fd; /* no room up there: it stays where it is */
     close(fd);

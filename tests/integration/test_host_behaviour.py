@@ -246,6 +246,7 @@ CASES = [
     case("stdin and stdout closed before exit", "host_fds", ["closed"], check=check_closed),
     case("descriptors numbered as without alloclens; every one closed, then fork", "host_fds",
          ["numbers"]),
+    case("the same after the program lowered its descriptor limit", "host_fds", ["lowered"]),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
     case("a spin lock taken before alloclens started", "host_spin"),
     case("operator new throws bad_alloc, caught; the program goes on", "host_throw",

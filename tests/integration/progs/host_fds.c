@@ -14,11 +14,14 @@
  *                            ones, as without a profiler); then closes every descriptor above
  *                            2, as daemons do, makes a pipe, puts its write end on 512..527
  *                            too (where a profiler may have had its own) and forks: the child
- *                            allocates and writes through each, the parent prints what it read */
+ *                            allocates and writes through each, the parent prints what it read
+ *        host_fds lowered    the same after lowering its descriptor limit to 256 (as programs
+ *                            that use select() lower it to 1024), before anything is sampled */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,6 +87,17 @@ static int numbers(void)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "lowered")) {
+        struct rlimit nofile;
+        if (getrlimit(RLIMIT_NOFILE, &nofile) != 0)
+            return 1;
+        if (nofile.rlim_cur > 256) {
+            nofile.rlim_cur = 256;
+            if (setrlimit(RLIMIT_NOFILE, &nofile) != 0)
+                return 1;
+        }
+        return numbers();
+    }
     if (argc == 2 && !strcmp(argv[1], "numbers"))
         return numbers();
     if (argc == 2 && !strcmp(argv[1], "count"))
