@@ -105,12 +105,14 @@ static void account(struct al_thread *t, int kind, uint64_t cycles, bool futex_w
 
 /* SIGSYS's action set with the kernel directly, in the kernel's own layout: glibc's sigaction
  * would supply its own restorer, and the wrapper (signals.c) only records the program's.
- * Ours runs with every signal blocked: a handler the program installed where our wrappers did
- * not see it (one set by a raw system call) must not run on top of ours once it has set the
- * selector back to "block", with SIGSYS blocked too: its return, a system call outside our
- * trampoline, would then be dispatched while SIGSYS cannot be delivered, and the kernel
- * would end the process. Pending, it runs where the allocator call was. (A SIGSYS that is
- * the program's own runs its handler with the mask it asked for: forward_to_program.) */
+ * Ours runs with every other signal blocked: a handler the program installed where our
+ * wrappers did not see it (one set by a raw system call) must not run on top of ours once it
+ * has set the selector back to "block": its return, a system call outside our trampoline,
+ * would then be dispatched. Pending, it runs where the allocator call was. SIGSYS itself stays
+ * deliverable (SA_NODEFER): the call we make for the allocator may be one the program's own
+ * seccomp filter traps (SECCOMP_RET_TRAP, as sandboxes use), whose SIGSYS, blocked, the kernel
+ * would turn into the end of the process; deliverable, it comes to this handler inside the
+ * first and goes to the program's (forward_to_program), whose answer our call returns. */
 static int kernel_sigaction(void *handler, unsigned long flags, void *restorer)
 {
     struct {
@@ -118,7 +120,7 @@ static int kernel_sigaction(void *handler, unsigned long flags, void *restorer)
         unsigned long flags;
         void *restorer;
         uint64_t mask;
-    } k = { handler, flags, restorer, handler == SIG_DFL ? 0 : ~0ull };
+    } k = { handler, flags, restorer, handler == SIG_DFL ? 0 : ~0ull & ~(1ull << (SIGSYS - 1)) };
     return (int)syscall(SYS_rt_sigaction, SIGSYS, &k, NULL, 8);
 }
 
@@ -245,7 +247,7 @@ static int install_handler(void)
     struct sigaction old;
     if (sigaction(SIGSYS, NULL, &old) == 0 && old.sa_handler != SIG_DFL)
         program_sigsys = old;
-    int r = kernel_sigaction((void *)sigsys, SA_SIGINFO | SA_RESTORER | SA_RESTART | SA_ONSTACK,
+    int r = kernel_sigaction((void *)sigsys, SA_SIGINFO | SA_RESTORER | SA_RESTART | SA_ONSTACK | SA_NODEFER,
                              (void *)_al_sud_restorer);
     _al_syscalls.handler_installed = r == 0;
     return r;

@@ -227,6 +227,17 @@ for name, path in allocs.items():
            f"plain rc {a.returncode}:\n{a.stdout.decode()}\nalloclens rc {b.returncode}:\n"
            f"{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
 
+# 4b. sys_sigsys trapalloc: the program's seccomp filter traps munmap and madvise, which the
+# allocator makes inside its calls, and its handler answers them: as plain, in the modes that
+# dispatch system calls (our handler makes the call, and the program's SIGSYS comes inside it).
+for name, path in allocs.items():
+    for mode in ("full", "time"):
+        a, b, _ = both(name, path, [SIGSYS, "trapalloc"], f"trapalloc-{name}-{mode}", extra=("--mode", mode))
+        tap.ok(a.returncode == b.returncode == 0 and a.stdout == b.stdout and b"trapalloc: done" in a.stdout,
+               f"sys_sigsys trapalloc under {name}, --mode {mode}: stdout and exit status as plain",
+               f"plain rc {a.returncode}:\n{a.stdout.decode()}\nalloclens rc {b.returncode}:\n"
+               f"{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
+
 # 5. sys_big traced by strace -f: no system call dispatched (a tracer stops at each SIGSYS),
 # and the report says why the section is empty.
 if shutil.which("strace"):

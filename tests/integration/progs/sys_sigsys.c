@@ -7,6 +7,9 @@
  *          the filtered calls; prints what it saw.
  * sys_sigsys exec CMD ARGS...: under a seccomp filter that ends the process at any
  *          perf_event_open (as a systemd service's SystemCallFilter does), execs CMD.
+ * sys_sigsys trapalloc: a seccomp filter that traps munmap and madvise (SECCOMP_RET_TRAP, as
+ *          sandboxes do) and a SIGSYS handler that has them return 0; then allocation and
+ *          frees of big blocks, whose munmap the allocator makes; prints whether any came.
  * sys_sigsys later HOW: installs, once running, a filter that ends the process at
  *          perf_event_open and at the prctl that starts syscall user dispatch (HOW: prctl, or
  *          syscall for the seccomp system call, as libseccomp does; nofiles: with prctl, and a
@@ -29,6 +32,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t seen, last_code, last_sysno, trap_seen;
@@ -151,8 +155,49 @@ static int later_filtered(const char *how)
     return 0;
 }
 
+#ifndef SYS_SECCOMP
+#define SYS_SECCOMP 1 /* si_code of a seccomp trap (the kernel's siginfo.h) */
+#endif
+
+static void pretend(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    if (si->si_code == SYS_SECCOMP) {
+        trap_seen++;
+        ((ucontext_t *)uc)->uc_mcontext.gregs[REG_RAX] = 0;
+    }
+}
+
+static int trap_alloc(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = pretend;
+    sa.sa_flags = SA_SIGINFO;
+    if (sigaction(SIGSYS, &sa, NULL))
+        return 10;
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        RET(SECCOMP_RET_ALLOW),
+        LD_NR,
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_munmap, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 1),
+        RET(SECCOMP_RET_TRAP),
+        RET(SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { .len = sizeof f / sizeof f[0], .filter = f };
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+        return 11;
+    churn(5);
+    printf("trapalloc: done, trapped %s\n", trap_seen ? "some" : "none");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "trapalloc"))
+        return trap_alloc();
     if (argc > 2 && !strcmp(argv[1], "exec"))
         return exec_filtered(argv + 2);
     if (argc > 2 && !strcmp(argv[1], "later"))
