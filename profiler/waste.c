@@ -73,7 +73,7 @@ static void count_object(struct al_thread *t, uint32_t slot, int sign, uint64_t 
  * class of C leaves the record room; C's classes are all there are, its blocks handed out by
  * memalign and the like included (glibc's usable sizes are 8 less than a multiple of 16, from
  * 24 up). Other allocators hand out 8-byte classes at 8-byte alignment. */
-static unsigned granule_shift(const struct al_alloc_config *c)
+static unsigned granule_for(const struct al_alloc_config *c)
 {
     unsigned shift = AL_SHADOW_GRANULE_SHIFT + 1;
     if (strcmp(_al_allocator.name, "glibc") != 0)
@@ -108,7 +108,7 @@ void _al_waste_init(const struct al_alloc_config *c)
              * free must find the mark: then the granule stays. */
             _al_sampler_lock();
             if (!_al_sampler_live())
-                _al_shadow.granule_shift = granule_shift(c);
+                _al_shadow.granule_shift = granule_for(c);
             _al_sampler_unlock();
         }
     }

@@ -89,9 +89,9 @@ struct al_shadow {
     _Atomic uint64_t slices;      /* level-1 slices created */
     _Atomic uint64_t regions;     /* region records created */
     _Atomic uint64_t untracked;   /* addresses beyond the table (should stay 0) */
-    /* log2 of the granule's bytes: AL_SHADOW_GRANULE_SHIFT, or one more where
-     * _al_shadow_granule_choose found the allocator's objects fit 16-byte granules. Set once,
-     * before the first record. */
+    /* log2 of the granule's bytes: AL_SHADOW_GRANULE_SHIFT, or one more where full mode found
+     * that the allocator's objects fit 16-byte granules (waste.c). Set once, before the first
+     * record. */
     unsigned granule_shift;
 };
 

@@ -78,6 +78,20 @@ static void churn(int rounds)
 #define LD_NR BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
 #define LD_ARG(i) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[i]))
 #define RET(v) BPF_STMT(BPF_RET | BPF_K, (v))
+/* A filter's start: a system call of another architecture goes through. */
+#define X86_64_ONLY                                                                     \
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),            \
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0), RET(SECCOMP_RET_ALLOW)
+
+static int handle_sigsys(void (*fn)(int, siginfo_t *, void *))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = fn;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGSYS, &sa, NULL);
+}
 #define KILL_AT(sysno)                                                                            \
     { LD_NR, BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (sysno), 0, 1), RET(SECCOMP_RET_KILL_PROCESS), \
       RET(SECCOMP_RET_ALLOW) }
@@ -170,16 +184,10 @@ static void pretend(int sig, siginfo_t *si, void *uc)
 
 static int trap_alloc(void)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = pretend;
-    sa.sa_flags = SA_SIGINFO;
-    if (sigaction(SIGSYS, &sa, NULL))
+    if (handle_sigsys(pretend))
         return 10;
     struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        RET(SECCOMP_RET_ALLOW),
+        X86_64_ONLY,
         LD_NR,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_munmap, 1, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 0, 1),
@@ -202,12 +210,7 @@ int main(int argc, char **argv)
         return exec_filtered(argv + 2);
     if (argc > 2 && !strcmp(argv[1], "later"))
         return later_filtered(argv[2]);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = handler;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGSYS, &sa, NULL))
+    if (handle_sigsys(handler))
         return 10;
 
     raise(SIGSYS);
@@ -222,9 +225,7 @@ int main(int argc, char **argv)
     printf("handler still ours: %d\n", cur.sa_sigaction == handler && (cur.sa_flags & SA_SIGINFO));
 
     struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        RET(SECCOMP_RET_ALLOW),
+        X86_64_ONLY,
         LD_NR,
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getppid, 0, 1),
         RET(SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
