@@ -13,17 +13,27 @@
 static int base = 3, top = 3;
 __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
 
+/* Half way up a small limit CUR, at 512 under a large one: far above what most programs open,
+ * without growing the kernel's descriptor table much. */
+static int base_for(rlim_t cur)
+{
+    return cur >= 1024 ? 512 : cur >= 16 ? (int)(cur / 2) : 3;
+}
+
+/* The top: just under the limit, or under 4096 (the table grows to the highest number in
+ * use); the base under a small limit. */
+static int top_for(rlim_t cur)
+{
+    return cur >= 1024 ? (int)((cur < 4096 ? cur : 4096) - 16) : base_for(cur);
+}
+
 void _al_fds_init(bool grow)
 {
-    /* Half way up a small limit, at 512 under a large one: far above what most programs open,
-     * without growing the kernel's descriptor table much; the top: just under the limit, or
-     * under 4096 (the table grows to the highest number in use). */
     struct rlimit nofile;
     if (getrlimit(RLIMIT_NOFILE, &nofile) != 0)
         return;
-    rlim_t cur = nofile.rlim_cur;
-    base = cur >= 1024 ? 512 : cur >= 16 ? (int)(cur / 2) : 3;
-    top = cur >= 1024 ? (int)((cur < 4096 ? cur : 4096) - 16) : base;
+    base = base_for(nofile.rlim_cur);
+    top = top_for(nofile.rlim_cur);
     /* The kernel grows a table shared by threads only after an RCU grace period, milliseconds
      * to tens of them, and the thread waits: grown to the top now, before the program starts
      * threads, no later move up waits (libunwind's pipe at the first sampled allocation cost
@@ -45,16 +55,12 @@ int _al_fd_move_up(int fd, int at)
         return fd;
     int high = fcntl(fd, F_DUPFD_CLOEXEC, at);
     struct rlimit nofile;
-    if (high < 0 && getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur >= 16 &&
-        (rlim_t)at >= nofile.rlim_cur) {
+    if (high < 0 && getrlimit(RLIMIT_NOFILE, &nofile) == 0 && (rlim_t)at >= nofile.rlim_cur &&
+        top_for(nofile.rlim_cur) > fd)
         /* The program lowered its limit since start-up (to 1024, for select): as high as the
-         * limit lets, by the rule _al_fds_init uses, rather than the lowest number, which the
-         * program's next open would have had. */
-        rlim_t lim = nofile.rlim_cur;
-        rlim_t below = lim >= 1024 ? lim - 16 : lim / 2;
-        if (below > (rlim_t)fd)
-            high = fcntl(fd, F_DUPFD_CLOEXEC, (int)below);
-    }
+         * limit lets, rather than the lowest number, which the program's next open would have
+         * had. */
+        high = fcntl(fd, F_DUPFD_CLOEXEC, top_for(nofile.rlim_cur));
     if (high < 0)
         return fd; /* no room up there: it stays where it is */
     close(fd);
