@@ -132,7 +132,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL)) {                                         \
             void *r = _al_real.sym args;                                               \
-            _al_thread_nested_alloc(r);                                                \
+            if (AL_UNLIKELY(_al_thread_nested_alloc(r)))                               \
+                r = _al_own_alloc((size), (align));                                    \
             return r;                                                                  \
         }                                                                              \
         return _al_bootstrap_alloc(size);                                              \

@@ -556,9 +556,9 @@ AL_INLINE void _al_unbusy(struct al_thread *t)
 
 struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
 /* An allocation forwarded uncounted, nested in one of our calls: noted where it is the thread's
- * exit-callback entry. Whether a free of P, made with no state, is the C library's free of that
- * entry (true once). */
-void _al_thread_nested_alloc(void *p);
+ * exit-callback entry; true where that entry failed and must come from the bootstrap pool.
+ * Whether a free of P, made with no state, is the C library's free of that entry (true once). */
+bool _al_thread_nested_alloc(void *p);
 bool _al_thread_exit_entry_free(const void *p);
 void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */

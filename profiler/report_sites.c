@@ -51,7 +51,7 @@ static struct al_site **ranked(int (*cmp)(const void *, const void *), uint32_t 
     if (!r)
         return NULL;
     for (uint32_t i = 0; i < *n; i++)
-        r[i] = &_al_sampler.sites[i];
+        r[i] = _al_site(i);
     qsort(r, *n, sizeof *r, cmp);
     return r;
 }
@@ -255,7 +255,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
     _al_sampler_lock();
     size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const struct al_site *st = &_al_sampler.sites[i];
+        const struct al_site *st = _al_site(i);
         samples[i].frames = &frames[k];
         samples[i].nframes = st->nframes;
         samples[i].alloc_objects = (int64_t)(st->alloc_objects + 0.5);

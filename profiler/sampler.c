@@ -28,9 +28,8 @@
 #include "sampler.h"
 
 #define SLOT_BITS_MIN 10
-#define SLOT_BITS 19
-#define SAMPLES_CAP (1u << (SLOT_BITS - 1)) /* live sampled objects (at R = 512 KiB: 128 GiB
-                                               live); the index at most half full */
+#define SLOT_BITS 19 /* the index at most half full: 2^18 live sampled objects at most (at
+                        R = 512 KiB: 128 GiB live) */
 
 struct sample {
     uintptr_t addr;
@@ -42,7 +41,9 @@ struct sample {
 struct al_sampler _al_sampler;
 
 /* Live samples sit densely in samples[0, nsamples) (a free moves the last one into the hole),
- * found by address through an open-addressing index. */
+ * found by address through an open-addressing index. Both grow together, as the most live
+ * samples so far need: what is mapped up front is address space the program's limit
+ * (RLIMIT_AS) counts. */
 struct slot {
     uintptr_t addr; /* 0: empty */
     uint32_t idx;
@@ -53,7 +54,8 @@ static struct {
     struct sample *samples;
     struct slot *slots;
     unsigned slot_bits; /* the index has 1 << slot_bits slots: twice what the most live
-                           samples so far needed, so that it costs memory in proportion */
+                           samples so far needed, so that it costs memory in proportion;
+                           samples has room for half as many */
     uint64_t nsamples;
     _Atomic uint64_t thread_ordinal;
     uintptr_t self_lo, self_hi;  /* our own code, kept out of the stacks */
@@ -172,6 +174,13 @@ void _al_sampler_thread_init(struct al_thread *t)
     t->sample_countdown = next_countdown(t);
 }
 
+#define CHUNK_BYTES (AL_SITE_CHUNK * sizeof(struct al_site))
+
+static size_t samples_bytes(void)
+{
+    return sizeof(struct sample) << (s.slot_bits - 1);
+}
+
 /* ---- set-up ---------------------------------------------------------------------------------- */
 
 void _al_sampler_init(const struct al_settings *set, long hwm_kib)
@@ -184,12 +193,11 @@ void _al_sampler_init(const struct al_settings *set, long hwm_kib)
     }
     if (!set->sample_rate)
         return;
-    s.samples = _al_mem_map((size_t)SAMPLES_CAP * sizeof(struct sample));
     s.slot_bits = SLOT_BITS_MIN;
+    s.samples = _al_mem_map(samples_bytes());
     s.slots = _al_mem_map(sizeof(struct slot) << s.slot_bits);
-    _al_sampler.sites = _al_mem_map((size_t)AL_SITES_MAX * sizeof(struct al_site));
     _al_sampler.slots = _al_mem_map(AL_SITE_SLOTS * sizeof(uint32_t));
-    if (!s.samples || !s.slots || !_al_sampler.sites || !_al_sampler.slots) {
+    if (!s.samples || !s.slots || !_al_sampler.slots) {
         _al_log("no memory for the site sampler: sites are not reported");
         _al_sampler.rate = 0;
         return;
@@ -215,9 +223,10 @@ void _al_sampler_atfork_child(void)
     if (_al_sampler.enabled) {
         for (uint64_t i = 0; i < s.nsamples; i++)
             mark((void *)s.samples[i].addr, false);
-        madvise(s.samples, (size_t)SAMPLES_CAP * sizeof(struct sample), MADV_DONTNEED);
+        madvise(s.samples, samples_bytes(), MADV_DONTNEED);
         madvise(s.slots, sizeof(struct slot) << s.slot_bits, MADV_DONTNEED);
-        madvise(_al_sampler.sites, (size_t)AL_SITES_MAX * sizeof(struct al_site), MADV_DONTNEED);
+        for (unsigned c = 0; c < AL_SITES_MAX / AL_SITE_CHUNK && _al_sampler.site_chunk[c]; c++)
+            madvise(_al_sampler.site_chunk[c], CHUNK_BYTES, MADV_DONTNEED);
         madvise(_al_sampler.slots, AL_SITE_SLOTS * sizeof(uint32_t), MADV_DONTNEED);
         memset(&_al_sampler.unattributed, 0, sizeof _al_sampler.unattributed);
         _al_sampler.nsites = 0;
@@ -247,6 +256,16 @@ static uint64_t hash_frames(const uintptr_t *f, unsigned n)
     return h ? h : 1;
 }
 
+/* Lock held: whether site ID has its place, making its chunk if it is the chunk's first. A
+ * forked child keeps its parent's chunks (emptied). */
+static bool site_room(uint32_t id)
+{
+    struct al_site **c = &_al_sampler.site_chunk[id / AL_SITE_CHUNK];
+    if (!*c)
+        *c = _al_mem_map(CHUNK_BYTES);
+    return *c != NULL;
+}
+
 /* Lock held. */
 static uint32_t site_of(const uintptr_t *frames, unsigned n)
 {
@@ -255,17 +274,17 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
          i = (i + 1) & (AL_SITE_SLOTS - 1), probes++) {
         uint32_t id = _al_sampler.slots[i];
         if (!id) {
-            if (_al_sampler.nsites >= AL_SITES_MAX)
+            if (_al_sampler.nsites >= AL_SITES_MAX || !site_room(_al_sampler.nsites))
                 return AL_SITES_MAX; /* full: counted as unattributed */
             id = _al_sampler.nsites++;
-            struct al_site *st = &_al_sampler.sites[id];
+            struct al_site *st = _al_site(id);
             st->hash = h;
             st->nframes = n;
             memcpy(st->frames, frames, n * sizeof *frames);
             _al_sampler.slots[i] = id + 1;
             return id;
         }
-        struct al_site *st = &_al_sampler.sites[id - 1];
+        struct al_site *st = _al_site(id - 1);
         if (st->hash == h && st->nframes == n && !memcmp(st->frames, frames, n * sizeof *frames))
             return id - 1;
     }
@@ -337,8 +356,9 @@ static void unindex(struct slot *sl)
     s.slots[i].addr = 0;
 }
 
-/* Room in the index for one more live sample: it stays at most half full, twice as big, built
- * again from the samples, when it would not. False when there is no memory for that. */
+/* Room for one more live sample: the index stays at most half full, twice as big, built again
+ * from the samples, when it would not, and the samples move to room for twice as many. False
+ * when there is no memory for that. */
 static bool index_room(void)
 {
     if (s.nsamples < 1ull << (s.slot_bits - 1))
@@ -346,9 +366,20 @@ static bool index_room(void)
     if (s.slot_bits >= SLOT_BITS)
         return false;
     struct slot *old = s.slots;
+    struct sample *old_samples = s.samples;
+    size_t old_samples_bytes = samples_bytes();
     struct slot *bigger = _al_mem_map(sizeof(struct slot) << (s.slot_bits + 1));
-    if (!bigger)
+    struct sample *more = _al_mem_map(old_samples_bytes * 2);
+    if (!bigger || !more) {
+        if (bigger)
+            _al_mem_unmap(bigger, sizeof(struct slot) << (s.slot_bits + 1));
+        if (more)
+            _al_mem_unmap(more, old_samples_bytes * 2);
         return false;
+    }
+    memcpy(more, old_samples, s.nsamples * sizeof *more);
+    _al_mem_unmap(old_samples, old_samples_bytes);
+    s.samples = more;
     s.slots = bigger;
     s.slot_bits++;
     for (uint64_t i = 0; i < s.nsamples; i++) {
@@ -372,7 +403,7 @@ static void erase(struct sample *e)
 
 static void forget(struct sample *e, uint64_t now)
 {
-    struct al_site *st = e->site < AL_SITES_MAX ? &_al_sampler.sites[e->site] : &_al_sampler.unattributed;
+    struct al_site *st = e->site < AL_SITES_MAX ? _al_site(e->site) : &_al_sampler.unattributed;
     st->live_bytes -= e->bytes;
     st->live_objects -= e->objects;
     s.live_bytes -= e->bytes;
@@ -414,7 +445,7 @@ static void measure_residency(void)
 {
     s.residency_pending = false;
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
-        memset(_al_sampler.sites[i].at_peak, 0, sizeof _al_sampler.sites[i].at_peak);
+        memset(_al_site(i)->at_peak, 0, sizeof _al_site(i)->at_peak);
     if (!s.nsamples)
         return; /* a short program often has none: no pagemap to open */
     int pagemap = _al_proc_pagemap_open();
@@ -427,7 +458,7 @@ static void measure_residency(void)
         /* Scaled like the bytes: the sample stands for bytes/size times its own. */
         double scale = e->size ? e->bytes / (double)e->size : 0;
         for (int k = 0; k < 3; k++)
-            _al_sampler.sites[e->site].at_peak[k] += r[k] * scale;
+            _al_site(e->site)->at_peak[k] += r[k] * scale;
     }
     _al_proc_pagemap_close(pagemap);
 }
@@ -504,7 +535,7 @@ static void snapshot(uint64_t now, double size, enum al_peak_source source)
     _al_sampler.peak_time = now;
     _al_sampler.peak_source = source;
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
-        _al_sampler.sites[i].peak_live_bytes = _al_sampler.sites[i].live_bytes;
+        _al_site(i)->peak_live_bytes = _al_site(i)->live_bytes;
     s.peak_set_current = true;
     if (size >= s.residency_peak * 1.125) {
         s.residency_peak = size;
@@ -573,8 +604,8 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     if (old) /* freed behind our back (a realloc racing with its free): forget the old one */
         forget(old, now);
     uint32_t id = site_of(frames, n);
-    struct al_site *st = id < AL_SITES_MAX ? &_al_sampler.sites[id] : &_al_sampler.unattributed;
-    if (s.nsamples < SAMPLES_CAP && index_room()) {
+    struct al_site *st = id < AL_SITES_MAX ? _al_site(id) : &_al_sampler.unattributed;
+    if (index_room()) {
         struct slot *sl = find_slot((uintptr_t)p);
         sl->addr = (uintptr_t)p;
         sl->idx = (uint32_t)s.nsamples;

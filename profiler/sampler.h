@@ -9,6 +9,8 @@
 
 #define AL_SITE_FRAMES 32
 #define AL_SITES_MAX 4096
+#define AL_SITE_CHUNK 64              /* sites per mapping: the table grows a chunk at a time and
+                                         never moves, so a report may read it while threads sample */
 #define AL_SITE_SLOTS 8192            /* hash slots of the site table */
 
 /* What made the sites' peak the peak (see _al_sampler_heap_peak): its name in the JSON report
@@ -56,7 +58,7 @@ struct al_sampler {
     bool enabled;
     double rate;
     uint64_t seed;
-    struct al_site *sites;
+    struct al_site *site_chunk[AL_SITES_MAX / AL_SITE_CHUNK]; /* made as sites come */
     uint32_t nsites;
     uint32_t *slots;                   /* site id + 1 per hash slot, 0: empty */
     struct al_site unattributed;       /* samples past AL_SITES_MAX sites */
@@ -68,6 +70,12 @@ struct al_sampler {
 };
 
 extern struct al_sampler _al_sampler;
+
+/* Site ID (below _al_sampler.nsites). */
+static inline struct al_site *_al_site(uint32_t id)
+{
+    return &_al_sampler.site_chunk[id / AL_SITE_CHUNK][id % AL_SITE_CHUNK];
+}
 
 void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
 void _al_sample_free(const void *p);

@@ -63,8 +63,8 @@ static bool collect_frames(void)
     if (!sym.e)
         return false;
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
-        for (uint32_t f = 0; f < _al_sampler.sites[i].nframes; f++)
-            sym.e[sym.n++].pc = _al_sampler.sites[i].frames[f];
+        for (uint32_t f = 0; f < _al_site(i)->nframes; f++)
+            sym.e[sym.n++].pc = _al_site(i)->frames[f];
     qsort(sym.e, sym.n, sizeof *sym.e, cmp_pc);
     size_t k = 0;
     for (size_t i = 0; i < sym.n; i++)

@@ -181,14 +181,19 @@ static __thread bool exited __attribute__((tls_model("initial-exec")));
 /* The exit callback's list entry: the C library allocates it while the callback is
  * registered (the thread busy, so uncounted) and frees it right after the callback returns,
  * with no state left here. That free is not the program's either: it is known by the entry's
- * address, taken from the one allocation made while registering. */
+ * address, taken from the one allocation made while registering. Where the allocator has
+ * nothing left to give (an address-space limit the program runs into), the C library would
+ * end the process over it: the entry then comes from the bootstrap pool, whose frees are
+ * dropped. */
 static __thread bool registering __attribute__((tls_model("initial-exec")));
 static __thread void *entry __attribute__((tls_model("initial-exec")));
 
-void _al_thread_nested_alloc(void *p)
+bool _al_thread_nested_alloc(void *p)
 {
-    if (AL_UNLIKELY(registering) && !entry)
-        entry = p;
+    if (AL_LIKELY(!registering) || entry)
+        return false;
+    entry = p;
+    return p == NULL;
 }
 
 bool _al_thread_exit_entry_free(const void *p)

@@ -12,12 +12,9 @@ struct al_shadow _al_shadow = { .granule_shift = AL_SHADOW_GRANULE_SHIFT };
 
 static size_t dir_bytes;
 
-/* Every region record made, for the footprint: a list that only grows, in its own mapping. */
-#define ALL_MAX (1u << 20)
-static _Atomic(struct al_shadow_region *) *all;
-
-/* Every level-1 slice made, likewise (one per 4 GiB of address space holding objects); one
- * past the end of the list is counted as wholly resident, one being installed as nothing. */
+/* Every level-1 slice made, for the footprint (one per 4 GiB of address space holding objects;
+ * the region records are found through them): a slice past the end of the list is counted as
+ * wholly resident and its regions as nothing, one being installed as nothing. */
 #define SLICES_MAX 4096
 static _Atomic(struct al_shadow_slice *) slice_list[SLICES_MAX] AL_LARGE_BSS;
 
@@ -41,13 +38,6 @@ int _al_shadow_init(void)
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return -errno;
-    void *l = mmap(NULL, ALL_MAX * sizeof *all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (l == MAP_FAILED) {
-        munmap(p, bytes);
-        return -errno;
-    }
-    all = l;
     dir_bytes = bytes;
     _al_shadow.dir = p;
     _al_shadow.dir_entries = entries;
@@ -92,11 +82,8 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
     if (!r) {
         won = false;
         r = _al_shadow_install((_Atomic(void *) *)slot, sizeof *r, 0, &won);
-        if (won) {
-            uint64_t i = atomic_fetch_add_explicit(&_al_shadow.regions, 1, memory_order_relaxed);
-            if (i < ALL_MAX)
-                atomic_store_explicit(&all[i], r, memory_order_release);
-        }
+        if (won)
+            atomic_fetch_add_explicit(&_al_shadow.regions, 1, memory_order_relaxed);
     }
     return r;
 }
@@ -167,28 +154,25 @@ void _al_shadow_written_pages(int pagemap, const void *p, size_t pages, uint64_t
     }
 }
 
-/* Resident bytes of the N mappings of SIZE bytes made so far, the first MAX of them in LIST
- * (one being installed counts nothing); those past the list count PAST bytes each. */
-static size_t listed_resident(_Atomic(void *) *list, uint64_t n, uint64_t max, size_t size, size_t past)
-{
-    size_t total = n > max ? (n - max) * past : 0;
-    for (uint64_t i = 0; i < n && i < max; i++) {
-        void *p = atomic_load_explicit(&list[i], memory_order_acquire);
-        total += p ? _al_shadow_resident(p, size) : 0;
-    }
-    return total;
-}
-
 /* Region records and heap slices are mostly untouched address space: count what the kernel
  * backs. */
 size_t _al_shadow_footprint(void)
 {
     uint64_t slices = atomic_load_explicit(&_al_shadow.slices, memory_order_relaxed);
-    uint64_t regions = atomic_load_explicit(&_al_shadow.regions, memory_order_relaxed);
-    size_t slice = sizeof(struct al_shadow_slice), region = sizeof(struct al_shadow_region);
-    return _al_shadow_dir_touched(slices, dir_bytes) + _al_shadow_heap_footprint() +
-           listed_resident((_Atomic(void *) *)slice_list, slices, SLICES_MAX, slice, slice) +
-           listed_resident((_Atomic(void *) *)all, regions, ALL_MAX, region, 0);
+    size_t total = _al_shadow_dir_touched(slices, dir_bytes) + _al_shadow_heap_footprint();
+    if (slices > SLICES_MAX)
+        total += (slices - SLICES_MAX) * sizeof(struct al_shadow_slice);
+    for (uint64_t i = 0; i < slices && i < SLICES_MAX; i++) {
+        struct al_shadow_slice *s = atomic_load_explicit(&slice_list[i], memory_order_acquire);
+        if (!s)
+            continue;
+        total += _al_shadow_resident(s, sizeof *s);
+        for (unsigned j = 0; j < AL_SHADOW_SLICE_ENTRIES; j++) {
+            struct al_shadow_region *r = atomic_load_explicit(&s->region[j], memory_order_acquire);
+            total += r ? _al_shadow_resident(r, sizeof *r) : 0;
+        }
+    }
+    return total;
 }
 
 void _al_shadow_set_sampled(const void *p, bool sampled)

@@ -34,7 +34,7 @@ SO = None  # path of liballoclens.so
 
 
 def case(label, prog, args=(), main_report=True, child_statuses=(),
-         check=None, default_text=False):
+         check=None, default_text=False, only=()):
     """One program run.
 
     main_report: the main process exits normally, so REPORT.json must hold its report.
@@ -45,10 +45,11 @@ def case(label, prog, args=(), main_report=True, child_statuses=(),
     default_text: no --text (the human report goes to stderr, as by default), so stderr is not
         compared. An argument "@data" is a file in the run's own directory, whose content must
         be the same in both runs.
+    only: the allocators it runs under (every mode of each); empty: all of them.
     """
     return dict(label=label, prog=prog, args=list(args), main_report=main_report,
                 child_statuses=list(child_statuses), check=check,
-                default_text=default_text)
+                default_text=default_text, only=only)
 
 
 def check_sigchld(tap, desc, main, sides, stdout, stderr):
@@ -248,6 +249,9 @@ CASES = [
          ["numbers"]),
     case("the same after the program lowered its descriptor limit", "host_fds", ["lowered"]),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
+    case("allocations under a 64 MiB ulimit -v", "host_rlimit", ["tight"]),
+    case("no memory at all for the allocator under a 24 MiB ulimit -v", "host_rlimit",
+         ["starved"], only=("mimalloc",)),
     case("a spin lock taken before alloclens started", "host_spin"),
     case("operator new throws bad_alloc, caught; the program goes on", "host_throw",
          check=check_throw),
@@ -493,7 +497,8 @@ def main():
         allocs[f"{a} --mode sample"] = allocs[a]
     if "glibc" in allocs:
         allocs["glibc --mode time"] = allocs["glibc"]
-    jobs = [(a, p, c) for a, p in allocs.items() for c in CASES]
+    jobs = [(a, p, c) for a, p in allocs.items() for c in CASES
+            if not c["only"] or split_mode(a)[0] in c["only"]]
     workers = max(2, min(8, os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(one, a, p, c, progs, plugin) for a, p, c in jobs]

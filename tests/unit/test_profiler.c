@@ -2,8 +2,9 @@
  * their histogram, the TSC's cost and rate, the options parser and settings (garbage values
  * warned about and defaulted), row indexing, the report buffer's JSON escaping, our descriptors'
  * table, the seccomp filter interpreter and what a filter refuses, the heap's residency after
- * an unmap alloclens did not see, file capabilities and LD_PRELOAD's reach, and the look-up in a
- * loaded object's GNU hash table that spares start-up its failed dlsym calls. */
+ * an unmap alloclens did not see, file capabilities and LD_PRELOAD's reach, the look-up in a
+ * loaded object's GNU hash table that spares start-up its failed dlsym calls, and the sampler's
+ * table of live samples growing from its small start. */
 #include <check.h>
 #include <dlfcn.h>
 #include <sys/auxv.h>
@@ -31,6 +32,7 @@
 #include <unistd.h>
 
 #include "profiler.h"
+#include "sampler.h"
 
 START_TEST(hist_bucket_bounds)
 {
@@ -644,6 +646,42 @@ START_TEST(heap_resident_after_unseen_unmap)
 }
 END_TEST
 
+/* The live samples' table starts small and grows as samples come (what is mapped up front is
+ * address space a program's limit counts): thousands of samples live at once, each found
+ * again at its free, in another order than they came, and nothing dropped. */
+START_TEST(sampler_tables_grow)
+{
+    if (!_al_shadow.dir)
+        ck_assert_int_eq(_al_shadow_init(), 0);
+    struct al_settings set = { .sample_rate = 4096, .seed = 7 };
+    _al_sampler_init(&set, 0);
+    ck_assert(_al_sampler.enabled);
+    struct al_thread *t = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(t, MAP_FAILED);
+    _al_sampler_thread_init(t);
+    enum { N = 5000, STRIDE = 64, SIZE = 48 };
+    char *base = mmap(NULL, N * STRIDE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(base, MAP_FAILED);
+    for (unsigned i = 0; i < N; i++)
+        _al_sample_alloc(t, SIZE, base + (size_t)i * STRIDE);
+    ck_assert_uint_eq(_al_sampler.dropped, 0);
+    ck_assert_uint_eq(_al_sampler.nsites, 1);
+    const struct al_site *st = _al_site(0);
+    double each = 1.0 / -expm1(-(SIZE + 1.0) / 4096.0);
+    ck_assert_uint_eq(st->count, N);
+    ck_assert_double_eq_tol(st->live_objects, N * each, 1e-6 * N * each);
+    /* Every seventh first, then the rest: the holes are filled from the end of the table. */
+    for (unsigned k = 0; k < 7; k++)
+        for (unsigned i = k; i < N; i += 7)
+            _al_sample_free(base + (size_t)i * STRIDE);
+    ck_assert_uint_eq(st->nlife, N);
+    ck_assert_double_eq(st->live_objects, 0);
+    ck_assert_double_eq_tol(st->alloc_objects, N * each, 1e-6 * N * each);
+    munmap(base, N * STRIDE);
+    munmap(t, sizeof *t);
+}
+END_TEST
+
 /* A program with file capabilities is run securely (LD_PRELOAD ignored) for anyone but root:
  * said of it when a user runs it, not when root does, nor of the same file without them. Root
  * makes the file (cap_net_raw, permitted and effective, as ping has); a child turned into
@@ -760,6 +798,7 @@ int main(void)
     TCase *tc = tcase_create("profiler");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, hist_bucket_bounds);
+    tcase_add_test(tc, sampler_tables_grow);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
     tcase_add_test(tc, locks_claimed_in_order);
