@@ -521,6 +521,8 @@ struct al_thread {
     struct al_held held[AL_HELD_MAX];
     struct al_measure_totals m;
     int spawned;     /* started through our pthread_create: counts in the live-thread total */
+    pid_t late_tid;  /* made for calls after its thread's exit callback: that thread's kernel id
+                        (thread.c retires the state once the thread is gone); else 0 */
     bool dispatching; /* syscall user dispatch is on for this thread (reads sud_selector) */
     struct al_thread *next;
     uint64_t *hist[AL_ROWS]; /* AL_HIST_BUCKETS each, made when the row is first timed */

@@ -6,10 +6,13 @@
  * threads still running, and keeps what exited threads counted. States of exited threads are
  * zeroed and reused, so a program that starts a million short threads does not grow us.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "profiler.h"
 
@@ -37,6 +40,7 @@ static struct {
     struct al_row rows[AL_ROWS];   /* exited threads */
     uint64_t *hist_rows[AL_ROWS];  /* the same, a pointer per row, NULL while the row is empty */
     struct al_measure_totals extra; /* exited threads */
+    _Atomic unsigned nlate;        /* live states with a late_tid (changed under the lock) */
 } reg = { .live_threads = 1, .total = 1, .max_live = 1 };
 
 /* The lock is held with every signal blocked but SIGSYS (syscall user dispatch needs it
@@ -128,6 +132,7 @@ static void clear_state(struct al_thread *t, bool forget_hist)
             if (t->hist[i])
                 memset(t->hist[i], 0, ROW_HIST_BYTES);
     t->spawned = 0;
+    t->late_tid = 0;
 }
 
 /* A row's histogram, made the first time the row is timed: a thread uses a handful of the
@@ -211,16 +216,9 @@ AL_COLD void _al_thread_ending_signal(struct al_thread *t)
     raise(sig); /* to our handler again (signals.c), the thread no longer busy */
 }
 
-static void thread_exit(void *arg)
+/* Lock held: T's counts into the registry's, and T off the live list, cleared. */
+static void retire(struct al_thread *t)
 {
-    struct al_thread *t = arg;
-    exited = true;
-    t->busy = AL_BUSY_EXITING;
-    /* Before the state can be handed to a new thread, which must not read these fds nor have
-     * its selector read for this one; system calls, so not with the registry's lock held. */
-    _al_counters_thread_close(&t->ctr, false);
-    bool reusable = _al_syscalls_thread_exit(t);
-    lock();
     add_rows(reg.rows, reg.hist, t->rows, t->hist);
     for (unsigned i = 0; reg.hist && i < AL_ROWS; i++)
         if (t->hist[i])
@@ -235,7 +233,22 @@ static void thread_exit(void *arg)
     }
     if (t->spawned)
         live_threads_add(-1);
+    if (t->late_tid)
+        reg.nlate--;
     clear_state(t, false);
+}
+
+static void thread_exit(void *arg)
+{
+    struct al_thread *t = arg;
+    exited = true;
+    t->busy = AL_BUSY_EXITING;
+    /* Before the state can be handed to a new thread, which must not read these fds nor have
+     * its selector read for this one; system calls, so not with the registry's lock held. */
+    _al_counters_thread_close(&t->ctr, false);
+    bool reusable = _al_syscalls_thread_exit(t);
+    lock();
+    retire(t);
     if (reusable) {
         t->next = reg.spare;
         reg.spare = t;
@@ -260,13 +273,74 @@ void _al_threads_phase_restart(void)
     unlock();
 }
 
-struct al_thread *_al_thread_attach(void)
+/* The C library still calls free at a thread's very end, after its exit callback (its own
+ * buffers, at __libc_thread_freeres): each such thread got a state of its own that was never
+ * reused, 12 KiB a thread for good, and the report and every fork walked them all. Such a
+ * state is retired, its counts kept, and reused once its thread is gone: the kernel no longer
+ * knows the thread's id. (A reused id only keeps it a while longer.) Checked when a state is
+ * wanted and none is spare, a few at a time; the checks are system calls, so not under the
+ * lock. */
+#define LATE_BATCH 8
+
+static void reap_late(void)
+{
+    struct al_thread *cand[LATE_BATCH];
+    pid_t tid[LATE_BATCH];
+    unsigned n = 0;
+    lock();
+    for (struct al_thread *t = reg.nlate ? reg.live : NULL; t && n < LATE_BATCH; t = t->next)
+        if (t->late_tid) {
+            cand[n] = t;
+            tid[n++] = t->late_tid;
+        }
+    unlock();
+    if (!n)
+        return;
+    int saved = errno;
+    pid_t pid = getpid();
+    for (unsigned i = 0; i < n; i++)
+        if (!(syscall(SYS_tgkill, pid, tid[i], 0) < 0 && errno == ESRCH))
+            cand[i] = NULL;
+    errno = saved;
+    /* Another thread may have retired one meanwhile: only one still late for the same id is. */
+    lock();
+    for (unsigned i = 0; i < n; i++) {
+        if (cand[i] && cand[i]->late_tid == tid[i])
+            retire(cand[i]);
+        else
+            cand[i] = NULL;
+    }
+    unlock();
+    for (unsigned i = 0; i < n; i++)
+        if (cand[i])
+            _al_counters_thread_close(&cand[i]->ctr, false);
+    lock();
+    for (unsigned i = 0; i < n; i++) {
+        if (cand[i]) {
+            cand[i]->next = reg.spare;
+            reg.spare = cand[i];
+        }
+    }
+    unlock();
+}
+
+static struct al_thread *take_spare(void)
 {
     lock();
     struct al_thread *t = reg.spare;
     if (t)
         reg.spare = t->next;
     unlock();
+    return t;
+}
+
+struct al_thread *_al_thread_attach(void)
+{
+    struct al_thread *t = take_spare();
+    if (!t && atomic_load_explicit(&reg.nlate, memory_order_relaxed)) {
+        reap_late();
+        t = take_spare();
+    }
     if (!t) {
         t = _al_mem_map(sizeof *t);
         if (!t)
@@ -280,7 +354,10 @@ struct al_thread *_al_thread_attach(void)
     _al_waste_thread_init(t);
     _al_thread_measure_init(t);
     _al_tls = t;
+    pid_t late = exited ? gettid() : 0;
     lock();
+    t->late_tid = late;
+    reg.nlate += late != 0;
     t->next = reg.live;
     reg.live = t;
     unlock();
@@ -352,6 +429,7 @@ void _al_threads_after_fork_child(void)
     }
     memset(reg.rows, 0, sizeof reg.rows);
     memset(&reg.extra, 0, sizeof reg.extra);
+    reg.nlate = 0; /* every state cleared: the child's threads are new */
     /* Zero without touching: writing the table would copy or fault in every page of it. */
     memset(reg.hist_rows, 0, sizeof reg.hist_rows);
     if (reg.hist)
