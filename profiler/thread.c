@@ -278,8 +278,8 @@ void _al_threads_phase_restart(void)
  * reused, 12 KiB a thread for good, and the report and every fork walked them all. Such a
  * state is retired, its counts kept, and reused once its thread is gone: the kernel no longer
  * knows the thread's id. (A reused id only keeps it a while longer.) Checked when a state is
- * wanted and none is spare, a few at a time; the checks are system calls, so not under the
- * lock. */
+ * wanted and none is spare, the oldest few at a time; the checks are system calls, so not under
+ * the lock. */
 #define LATE_BATCH 8
 
 static void reap_late(void)
@@ -287,13 +287,16 @@ static void reap_late(void)
     struct al_thread *cand[LATE_BATCH];
     pid_t tid[LATE_BATCH];
     unsigned n = 0;
+    /* The oldest ones, likeliest gone: the list has the newest first. */
+    unsigned seen = 0;
     lock();
-    for (struct al_thread *t = reg.nlate ? reg.live : NULL; t && n < LATE_BATCH; t = t->next)
+    for (struct al_thread *t = reg.nlate ? reg.live : NULL; t; t = t->next)
         if (t->late_tid) {
-            cand[n] = t;
-            tid[n++] = t->late_tid;
+            cand[seen % LATE_BATCH] = t;
+            tid[seen++ % LATE_BATCH] = t->late_tid;
         }
     unlock();
+    n = seen < LATE_BATCH ? seen : LATE_BATCH;
     if (!n)
         return;
     int saved = errno;

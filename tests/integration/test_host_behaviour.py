@@ -65,10 +65,13 @@ def check_sigchld(tap, desc, main, sides, stdout, stderr):
 def check_thread_memory(tap, desc, main, sides, stdout, stderr):
     """host_threads many: what alloclens maps does not grow with every thread the program ever
     started. A state for the C library's frees at a thread's very end, past its exit callback,
-    was kept for good: 12 KiB a thread, 39 MiB for these 3320."""
+    was kept for good: 12 KiB a thread, 39 MiB for these 3320 (past 60 MiB in all in the timed
+    modes). States are reused: what stays is about one per thread alive at once (64 here), and
+    in the timed modes each has its class rows mapped (256 KiB under glibc)."""
     mapped = ((main or {}).get("profiler") or {}).get("mapped_bytes")
-    tap.ok(isinstance(mapped, int) and mapped < 16 << 20,
-           f"{desc}: alloclens maps under 16 MiB after 3320 threads", f"profiler.mapped_bytes {mapped}")
+    most = 16 if "--mode sample" in desc else 48
+    tap.ok(isinstance(mapped, int) and mapped < most << 20,
+           f"{desc}: alloclens maps under {most} MiB after 3320 threads", f"profiler.mapped_bytes {mapped}")
 
 
 def check_closed(tap, desc, main, sides, stdout, stderr):
@@ -257,6 +260,8 @@ CASES = [
     case("descriptors numbered as without alloclens; every one closed, then fork", "host_fds",
          ["numbers"]),
     case("the same after the program lowered its descriptor limit", "host_fds", ["lowered"]),
+    case("every descriptor closed, then a pipe of the program's where libunwind had its own; "
+         "allocations unwound: the pipe's bytes and ends are the program's", "host_fds", ["unwinder"]),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
     case("allocations under a 64 MiB ulimit -v", "host_rlimit", ["tight"]),
     case("no memory at all for the allocator under a 24 MiB ulimit -v", "host_rlimit",
