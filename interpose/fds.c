@@ -1,26 +1,122 @@
-/* pipe2, for the one caller that is ours: libunwind makes a pipe on its first look at memory
- * (it checks an address is readable by writing from it), which the C library would number
- * among the program's lowest. While the sampler unwinds, what pipe2 makes is moved up out of
- * the program's way (profiler/fds.c); every other call goes straight through. */
+/* pipe2, open, read and close, for the one caller that is ours: libunwind, while the sampler
+ * unwinds (_al_fds_ours). Every other call goes straight through.
+ *
+ * libunwind makes a pipe on its first look at memory (it checks an address is readable by
+ * writing from it), and may open a file; the C library would number them among the program's
+ * lowest: what it makes while we unwind is moved up out of the program's way (profiler/fds.c)
+ * and noted here. It keeps its pipe's numbers in a variable of its own, and the pipe may not be
+ * one we moved: another user of the same libunwind made it first (tcmalloc unwinds at its start,
+ * so the pipe is the program's descriptors 3 and 4), or the program closed every descriptor
+ * and opened its own under those numbers. libunwind would then read a byte from the program's
+ * descriptor, write one to another, and close both. So while we unwind, a descriptor it did
+ * not make reads as closed and is not closed: libunwind then makes a new pipe, which is
+ * moved up. */
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "interpose.h"
 
 static int (*real_pipe2)(int[2], int);
+static int (*real_open)(const char *, int, ...);
+static ssize_t (*real_read)(int, void *, size_t);
+static int (*real_close)(int);
 
 void _al_fds_resolve(void)
 {
     real_pipe2 = (__typeof__(real_pipe2))dlsym(RTLD_NEXT, "pipe2");
+    real_open = (__typeof__(real_open))dlsym(RTLD_NEXT, "open");
+    real_read = (__typeof__(real_read))dlsym(RTLD_NEXT, "read");
+    real_close = (__typeof__(real_close))dlsym(RTLD_NEXT, "close");
+}
+
+/* The descriptors libunwind made while we unwound, as moved up, each + 1 (0: a free slot).
+ * It holds at most its pipe and a file at a time; past MADE_MAX, one is not noted, and reads
+ * as closed to it (it then makes another). */
+#define MADE_MAX 8
+static _Atomic int made[MADE_MAX];
+static _Atomic unsigned nmade;
+
+static bool was_made(int fd)
+{
+    for (unsigned i = 0; i < MADE_MAX; i++)
+        if (atomic_load_explicit(&made[i], memory_order_relaxed) == fd + 1)
+            return true;
+    return false;
+}
+
+static void forget(int fd)
+{
+    for (unsigned i = 0; i < MADE_MAX; i++) {
+        int want = fd + 1;
+        if (atomic_compare_exchange_strong(&made[i], &want, 0))
+            atomic_fetch_sub(&nmade, 1);
+    }
+}
+
+/* FD, made while we unwind, moved up and noted. The move's own close of the low number is the
+ * move's, not libunwind's: not filtered. */
+static int made_here(int fd)
+{
+    _al_fds_ours = false;
+    fd = _al_fd_top(fd);
+    _al_fds_ours = true;
+    for (unsigned i = 0; i < MADE_MAX; i++) {
+        int empty = 0;
+        if (atomic_compare_exchange_strong(&made[i], &empty, fd + 1)) {
+            atomic_fetch_add(&nmade, 1);
+            break;
+        }
+    }
+    return fd;
 }
 
 AL_EXPORT int pipe2(int fds[2], int flags)
 {
     int r = real_pipe2 ? real_pipe2(fds, flags) : (int)syscall(SYS_pipe2, fds, flags);
     if (AL_UNLIKELY(_al_fds_ours) && r == 0) {
-        fds[0] = _al_fd_top(fds[0]);
-        fds[1] = _al_fd_top(fds[1]);
+        fds[0] = made_here(fds[0]);
+        fds[1] = made_here(fds[1]);
     }
     return r;
+}
+
+/* The C library's header names open64 where large files are the default (as here): this is
+ * open itself, the name libunwind calls. */
+AL_EXPORT int open_entry(const char *path, int flags, ...) __asm__("open");
+AL_EXPORT int open_entry(const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = va_arg(ap, mode_t);
+        va_end(ap);
+    }
+    int fd = real_open ? real_open(path, flags, mode) : (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+    if (AL_UNLIKELY(_al_fds_ours) && fd >= 0)
+        fd = made_here(fd);
+    return fd;
+}
+
+AL_EXPORT ssize_t read(int fd, void *buf, size_t n)
+{
+    if (AL_UNLIKELY(_al_fds_ours) && !was_made(fd)) {
+        errno = EBADF;
+        return -1;
+    }
+    return real_read ? real_read(fd, buf, n) : syscall(SYS_read, fd, buf, n);
+}
+
+AL_EXPORT int close(int fd)
+{
+    if (AL_UNLIKELY(_al_fds_ours) && !was_made(fd))
+        return 0; /* the program's, under a number libunwind thinks its own: kept */
+    /* Closed by libunwind, or by the program: no longer libunwind's either way. */
+    if (AL_UNLIKELY(atomic_load_explicit(&nmade, memory_order_relaxed) != 0))
+        forget(fd);
+    return real_close ? real_close(fd) : (int)syscall(SYS_close, fd);
 }

@@ -16,8 +16,13 @@
  *                            too (where a profiler may have had its own) and forks: the child
  *                            allocates and writes through each, the parent prints what it read
  *        host_fds lowered    the same after lowering its descriptor limit to 256 (as programs
- *                            that use select() lower it to 1024), before anything is sampled */
+ *                            that use select() lower it to 1024), before anything is sampled
+ *        host_fds unwinder   closes every descriptor above 2, makes a pipe (3 and 4, where
+ *                            tcmalloc's libunwind made its own at start) holding "hello", then
+ *                            allocates 80 MiB 4 KiB at a time (stacks unwound at each sample)
+ *                            and prints what the pipe holds and whether both ends are open */
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,8 +90,29 @@ static int numbers(void)
     return 0;
 }
 
+static int unwinder(void)
+{
+    for (int d = 3; d < 4096; d++)
+        close(d);
+    int p[2];
+    if (pipe(p) != 0 || fcntl(p[0], F_SETFL, O_NONBLOCK) != 0 || write(p[1], "hello", 5) != 5)
+        return 1;
+    for (int i = 0; i < 20000; i++) {
+        sink = malloc(4096);
+        free(sink);
+    }
+    char buf[16] = { 0 };
+    ssize_t n = read(p[0], buf, sizeof buf - 1);
+    bool open_both = fcntl(p[0], F_GETFD) != -1 && fcntl(p[1], F_GETFD) != -1;
+    printf("unwinder: a pipe at fds %d and %d holds '%s' (%zd bytes); both ends open: %s\n", p[0], p[1],
+           n > 0 ? buf : "", n, open_both ? "yes" : "no");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "unwinder"))
+        return unwinder();
     if (argc == 2 && !strcmp(argv[1], "lowered")) {
         struct rlimit nofile;
         if (getrlimit(RLIMIT_NOFILE, &nofile) != 0)
