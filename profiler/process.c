@@ -88,16 +88,21 @@ static void on_exit_report(int status, void *arg)
 }
 
 /* The registry's lock first: it blocks signals (thread.c), so no handler can come to the
- * sampler's lock held here, nor to either in the child until it has set both right. */
+ * sampler's locks held here, nor to any in the child until it has set them right. No thread is
+ * left inside libunwind (sampler.c). */
+static sigset_t unwind_mask;
+
 static void atfork_prepare(void)
 {
     _al_threads_atfork_prepare();
+    _al_sampler_unwind_lock(&unwind_mask);
     _al_sampler_lock();
 }
 
 static void atfork_parent(void)
 {
     _al_sampler_unlock();
+    _al_sampler_unwind_unlock(&unwind_mask);
     _al_threads_atfork_parent();
 }
 
@@ -106,6 +111,7 @@ static void atfork_child(void)
     image_pid = getpid();
     _al_threads_after_fork_child();
     _al_sampler_atfork_child();
+    _al_sampler_unwind_unlock(&unwind_mask);
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
     _al_report_restart(0, NULL);

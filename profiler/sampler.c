@@ -291,6 +291,27 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
     return AL_SITES_MAX;
 }
 
+/* libunwind keeps its caches (unwind rules, each thread's frames) behind pthread mutexes of its
+ * own and does nothing about them at fork: a fork while another thread unwound left such a
+ * mutex held in the child, whose threads then waited on it for good at their first sample.
+ * Unwinding is one thread at a time under this lock, which fork takes first; it is held with
+ * signals blocked, so that a handler that forks on the unwinding thread cannot wait for
+ * itself. The window left is a thread's exit, when libunwind frees that thread's frame cache
+ * under its own lock (a few instructions). */
+static _Atomic int unwind_lock;
+
+void _al_sampler_unwind_lock(sigset_t *old)
+{
+    _al_signals_block(old);
+    _al_spin_lock(&unwind_lock);
+}
+
+void _al_sampler_unwind_unlock(const sigset_t *old)
+{
+    _al_spin_unlock(&unwind_lock);
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
 static unsigned capture(uintptr_t *frames)
 {
     /* Where the program's seccomp filters may refuse what libunwind does, no stack: the sample
@@ -298,9 +319,12 @@ static unsigned capture(uintptr_t *frames)
     if (!_al_seccomp_measures_ok())
         return 0;
     void *raw[AL_SITE_FRAMES + 16];
+    sigset_t old;
+    _al_sampler_unwind_lock(&old);
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     int n = unw_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
     _al_fds_ours = false;
+    _al_sampler_unwind_unlock(&old);
     unsigned k = 0;
     int i = 0;
     /* Drop our own frames: the stack starts at the program's call of malloc or new. */

@@ -2,6 +2,7 @@
 #ifndef ALLOCLENS_SAMPLER_H
 #define ALLOCLENS_SAMPLER_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -103,6 +104,10 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
 /* The report is about to be gathered: before it maps anything, whether the process's peak RSS
  * rose since the last peak (the other modes). */
 void _al_sampler_report_begins(void);
+/* Unwinding's lock (sampler.c), which fork takes first and releases last; OLD: the signal mask
+ * it restores. */
+void _al_sampler_unwind_lock(sigset_t *old);
+void _al_sampler_unwind_unlock(const sigset_t *old);
 void _al_sampler_lock(void);
 void _al_sampler_unlock(void);
 /* Live samples (lock held). */

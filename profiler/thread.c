@@ -52,12 +52,17 @@ static struct {
  * start and end, pthread_create, fork, snapshots and the report. */
 static __thread sigset_t unlocked_mask, fork_mask;
 
-static void block_signals(void)
+void _al_signals_block(sigset_t *old)
 {
     sigset_t all;
     sigfillset(&all);
     sigdelset(&all, SIGSYS);
-    pthread_sigmask(SIG_BLOCK, &all, &unlocked_mask);
+    pthread_sigmask(SIG_BLOCK, &all, old);
+}
+
+static void block_signals(void)
+{
+    _al_signals_block(&unlocked_mask);
 }
 
 static void restore_signals(void)

@@ -189,6 +189,8 @@ CASES = [
     case("fork with 4 threads allocating", "host_fork", ["threads"],
          child_statuses=[k % 8 for k in range(16)]),
     case("fork child atexit allocates", "host_fork", ["atexit"], child_statuses=[9]),
+    case("forks 4 levels deep while 2 threads at each allocate",
+         "host_fork", ["tree"], child_statuses=[3, 2, 1, 0]),
     case("fork+execl /bin/echo", "host_exec", ["echo", "@leaf"]),
     case("fork+execvp echo", "host_exec", ["execvp", "@leaf"]),
     case("fork+execlp sh", "host_exec", ["execlp", "@leaf"]),

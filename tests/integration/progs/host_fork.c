@@ -6,7 +6,14 @@
  *        host_fork threads   4 threads allocate without pause while main forks 16 children,
  *                            each of which allocates (from malloc state copied mid-call) and
  *                            exits with its index mod 8
- *        host_fork atexit    the child runs an atexit handler that allocates, then exits 9 */
+ *        host_fork atexit    the child runs an atexit handler that allocates, then exits 9
+ *        host_fork tree      4 levels: at each, 2 threads allocate without pause while the
+ *                            main thread forks; the child starts 2 threads of its own and
+ *                            forks the next level. The deepest exits 0, each above it its
+ *                            child's status + 1; the top prints the status it got (3). A
+ *                            fork while another thread was inside the profiler's unwinder left
+ *                            a lock of libunwind's held in the child: its threads waited for
+ *                            good (about one run in two) */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -145,6 +152,65 @@ static int threads(void)
     return bad ? 1 : 0;
 }
 
+/* Frees and allocates without pause, sizes 1 to 5000 at random. */
+static void *tree_spinner(void *arg)
+{
+    void *keep[64] = { 0 };
+    unsigned x = (unsigned)(long)arg * 7 + 1;
+    while (!atomic_load(&stop)) {
+        x = x * 1103515245u + 12345u;
+        unsigned slot = (x >> 8) & 63;
+        free(keep[slot]);
+        keep[slot] = malloc((x >> 16) % 5000 + 1);
+    }
+    for (int i = 0; i < 64; i++)
+        free(keep[i]);
+    return NULL;
+}
+
+static void start_spinners(pthread_t t[2], long seed)
+{
+    atomic_store(&stop, 0);
+    for (long i = 0; i < 2; i++)
+        pthread_create(&t[i], NULL, tree_spinner, (void *)(seed * 2 + i));
+}
+
+static void stop_spinners(pthread_t t[2])
+{
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+}
+
+static int tree(void)
+{
+    pthread_t t[2];
+    start_spinners(t, 0);
+    for (int level = 0; level < 4; level++) {
+        /* The top forks as its threads start (their first samples), the others 2 ms later. */
+        if (level > 0)
+            usleep(2000);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("fork");
+            return 1;
+        }
+        if (pid > 0) {
+            int status = 0;
+            waitpid(pid, &status, 0);
+            stop_spinners(t);
+            int got = WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+            if (level == 0)
+                printf("tree: 4 levels forked with threads allocating; the top's child exited %d\n", got);
+            return level == 0 ? 0 : got + 1;
+        }
+        start_spinners(t, level + 1);
+    }
+    stop_spinners(t);
+    return 0;
+}
+
 static void child_atexit(void)
 {
     char *p = malloc(1000);
@@ -181,6 +247,8 @@ int main(int argc, char **argv)
         return threads();
     if (!strcmp(mode, "atexit"))
         return with_atexit();
+    if (!strcmp(mode, "tree"))
+        return tree();
     fprintf(stderr, "host_fork: unknown mode %s\n", mode);
     return 2;
 }
