@@ -256,6 +256,27 @@ void _al_process_before_exec(const char *file, bool search, char *const envp[])
         _al_report_write(AL_REPORT_EXEC, false, 0);
 }
 
+/* seccomp's strict mode allows the thread read, write, exit and sigreturn only, and turns rdtsc
+ * off for it (it faults): neither timing its calls, nor state for them, nor a report at the end
+ * is possible after. So the report is written now, with one line saying why, and the thread's
+ * calls go straight to the allocator from then on (its state busy for good, its dispatch off).
+ * Should the request fail after all, the thread stays unmeasured. */
+void _al_process_before_strict(void)
+{
+    if (atomic_load_explicit(&_al_state, memory_order_acquire) != AL_STATE_READY)
+        return;
+    struct al_thread *t = _al_tls ? _al_tls : _al_thread_attach();
+    if (own_process() && _al_report_planned()) {
+        _al_log("the program put a thread in seccomp strict mode (no system call but read, write and "
+                "exit): the report is written now, and what follows is not measured");
+        _al_report_write(AL_REPORT_STRICT, false, 0);
+    }
+    if (t) {
+        t->busy = AL_BUSY_EXITING;
+        _al_syscalls_thread_exit(t);
+    }
+}
+
 void _al_process_exec_failed(void)
 {
     if (own_process())

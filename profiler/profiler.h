@@ -1102,6 +1102,8 @@ void _al_process_before_exec(const char *file, bool search, char *const envp[]);
  * cannot reach it, so its report will be missing. */
 void _al_process_say_unreachable(const char *file, bool search, char *const envp[]);
 void _al_process_exec_failed(void);
+/* A thread asks for seccomp's strict mode (process.c): the report now, the thread unmeasured. */
+void _al_process_before_strict(void);
 /* A process other than the image's own that never ran our fork handlers: a vfork child, whose
  * writes to our memory land in its parent's (or a child of a raw clone, taken for one). */
 bool _al_process_shared_child(void);
@@ -1206,6 +1208,7 @@ enum al_report_kind {
     AL_REPORT_EXIT,   /* STATUS: the exit status */
     AL_REPORT_EXEC,   /* the image is about to be replaced */
     AL_REPORT_SIGNAL, /* STATUS: the signal about to end the process */
+    AL_REPORT_STRICT, /* a thread is about to enter seccomp's strict mode: the state now */
 };
 /* Gathers the process's report and writes it where the settings say. */
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);

@@ -238,6 +238,25 @@ for name, path in allocs.items():
                f"plain rc {a.returncode}:\n{a.stdout.decode()}\nalloclens rc {b.returncode}:\n"
                f"{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
 
+# 4c. sys_sigsys strict: 1000 mallocs, then seccomp's strict mode (read, write and exit only,
+# rdtsc off), then 5000 more. As plain in every mode; the report is the state as the thread
+# entered strict mode (its 1000, not the 5000 after), and one line says so.
+for name, path in allocs.items():
+    for mode in ("full", "time", "sample"):
+        for how in ("prctl", "syscall"):
+            a, b, rep = both(name, path, [SIGSYS, "strict", how], f"strict-{name}-{mode}-{how}",
+                             extra=("--mode", mode))
+            desc = f"sys_sigsys strict ({how}) under {name}, --mode {mode}"
+            tap.ok(a.returncode == b.returncode == 0 and a.stdout == b.stdout and b"5000" in a.stdout,
+                   f"{desc}: stdout and exit status as plain",
+                   f"plain rc {a.returncode}:\n{a.stdout.decode()}\nalloclens rc {b.returncode}:\n"
+                   f"{b.stdout.decode()}\n{b.stderr.decode()[-2000:]}")
+            mallocs = sum(r.get("count", 0) for r in (rep or {}).get("ops", []) if r.get("op") == "malloc")
+            said = [l for l in b.stderr.decode().splitlines() if "seccomp strict mode" in l]
+            tap.ok(rep is not None and 1000 <= mallocs < 5000 and len(said) == 1,
+                   f"{desc}: the report holds the 1000 mallocs before strict mode, not the 5000 after; "
+                   "one line says why", f"mallocs {mallocs}; lines {said}")
+
 # 5. sys_big traced by strace -f: no system call dispatched (a tracer stops at each SIGSYS),
 # and the report says why the section is empty.
 if shutil.which("strace"):

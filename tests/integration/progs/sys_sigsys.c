@@ -15,7 +15,11 @@
  *          syscall for the seccomp system call, as libseccomp does; nofiles: with prctl, and a
  *          second filter that ends it at any open that would create a file; nomincore: at
  *          mincore; norusage: at getrusage), then starts threads and a child that allocate;
- *          prints what they did. */
+ *          prints what they did.
+ * sys_sigsys strict HOW: exactly 1000 mallocs (some kept), then seccomp's strict mode (HOW:
+ *          prctl, or the seccomp system call), which allows read, write and exit only and turns
+ *          rdtsc off; then 5000 mallocs from memory the heap already has, one line written, and
+ *          the thread's exit system call. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -202,8 +206,33 @@ static int trap_alloc(void)
     return 0;
 }
 
+static int strict(const char *how)
+{
+    static void *keep[64];
+    for (int i = 0; i < 1000; i++) {
+        free(keep[i % 64]);
+        keep[i % 64] = malloc((size_t)(i % 97) * 40 + 8);
+    }
+    for (int i = 0; i < 64; i++)
+        free(keep[i]);
+    free(malloc(1 << 16)); /* room for what follows, in the heap already */
+    int r = !strcmp(how, "syscall") ? (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_STRICT, 0, NULL)
+                                    : prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT);
+    if (r != 0)
+        return 20;
+    for (int i = 0; i < 5000; i++)
+        free(malloc(16));
+    static const char done[] = "strict: 5000 allocations in strict mode\n";
+    if (write(STDOUT_FILENO, done, sizeof done - 1) != sizeof done - 1)
+        syscall(SYS_exit, 21);
+    syscall(SYS_exit, 0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 2 && !strcmp(argv[1], "strict"))
+        return strict(argv[2]);
     if (argc > 1 && !strcmp(argv[1], "trapalloc"))
         return trap_alloc();
     if (argc > 2 && !strcmp(argv[1], "exec"))
