@@ -1,5 +1,6 @@
 /* pipe2, open, read and close, for the one caller that is ours: libunwind, while the sampler
- * unwinds (_al_fds_ours). Every other call goes straight through.
+ * unwinds (_al_fds_ours); close and fclose also for fd 2, where the text report is to go.
+ * Every other call goes straight through.
  *
  * libunwind makes a pipe on its first look at memory (it checks an address is readable by
  * writing from it), and may open a file; the C library would number them among the program's
@@ -15,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,6 +26,7 @@ static int (*real_pipe2)(int[2], int);
 static int (*real_open)(const char *, int, ...);
 static ssize_t (*real_read)(int, void *, size_t);
 static int (*real_close)(int);
+static int (*real_fclose)(FILE *);
 
 void _al_fds_resolve(void)
 {
@@ -31,6 +34,7 @@ void _al_fds_resolve(void)
     real_open = (__typeof__(real_open))dlsym(RTLD_NEXT, "open");
     real_read = (__typeof__(real_read))dlsym(RTLD_NEXT, "read");
     real_close = (__typeof__(real_close))dlsym(RTLD_NEXT, "close");
+    real_fclose = (__typeof__(real_fclose))dlsym(RTLD_NEXT, "fclose");
 }
 
 /* The descriptors libunwind made while we unwound, as moved up, each + 1 (0: a free slot).
@@ -115,8 +119,21 @@ AL_EXPORT int close(int fd)
 {
     if (AL_UNLIKELY(_al_fds_ours) && !was_made(fd))
         return 0; /* the program's, under a number libunwind thinks its own: kept */
+    if (AL_UNLIKELY(fd == STDERR_FILENO))
+        _al_report_stderr_closing(); /* the text report may still be due there */
     /* Closed by libunwind, or by the program: no longer libunwind's either way. */
     if (AL_UNLIKELY(atomic_load_explicit(&nmade, memory_order_relaxed) != 0))
         forget(fd);
     return real_close ? real_close(fd) : (int)syscall(SYS_close, fd);
+}
+
+/* The C library's fclose closes the descriptor itself, not through close: fclose(stderr) is how
+ * most programs close fd 2 (every coreutils program does at exit). */
+AL_EXPORT int fclose(FILE *f)
+{
+    if (AL_UNLIKELY(!real_fclose))
+        _al_fds_resolve();
+    if (AL_UNLIKELY(f && fileno_unlocked(f) == STDERR_FILENO))
+        _al_report_stderr_closing();
+    return real_fclose(f);
 }

@@ -15,13 +15,16 @@
 
 /* What stderr was when the image started: a program may close it and open a file of its own,
  * which then gets fd 2 (a data file, a log of its own) and must receive nothing of ours. A
- * copy of the first stderr would cost the program a descriptor and keep a pipe it closed open
- * for whoever reads it, so a line that cannot go where stderr was is not written. */
+ * copy of the first stderr held all along would cost the program a descriptor and keep a pipe
+ * it closed open for whoever reads it. Only where the text report is to go to stderr, and the
+ * program closes fd 2 while it is still that stderr (every coreutils program does, at exit), a
+ * copy is taken then, kept for the report (not by a fork child, not across exec). */
 static struct {
     bool known, open;
     dev_t dev;
     ino_t ino;
-} stderr_start;
+    int saved; /* the copy, or -1 */
+} stderr_start = { .saved = -1 };
 
 void _al_stderr_note(void)
 {
@@ -30,15 +33,38 @@ void _al_stderr_note(void)
     stderr_start.dev = st.st_dev;
     stderr_start.ino = st.st_ino;
     stderr_start.known = true;
+    stderr_start.saved = -1;
 }
 
-bool _al_stderr_ours(void)
+static bool is_start(int fd)
 {
     struct stat now;
-    if (!stderr_start.known)
-        return true; /* start-up: the program has not run yet */
-    return stderr_start.open && fstat(STDERR_FILENO, &now) == 0 && now.st_dev == stderr_start.dev &&
+    return stderr_start.open && fstat(fd, &now) == 0 && now.st_dev == stderr_start.dev &&
            now.st_ino == stderr_start.ino;
+}
+
+bool _al_stderr_copy_due(void)
+{
+    return stderr_start.saved < 0 && stderr_start.known && is_start(STDERR_FILENO);
+}
+
+void _al_stderr_keep(int copy)
+{
+    stderr_start.saved = copy;
+}
+
+void _al_stderr_after_fork_child(void)
+{
+    if (stderr_start.saved >= 0)
+        close(stderr_start.saved);
+    stderr_start.saved = -1;
+}
+
+int _al_stderr_fd(void)
+{
+    if (!stderr_start.known || is_start(STDERR_FILENO))
+        return STDERR_FILENO;
+    return stderr_start.saved >= 0 && is_start(stderr_start.saved) ? stderr_start.saved : -1;
 }
 
 static int write_loop(int fd, const char *p, size_t len)
@@ -96,13 +122,14 @@ void _al_log(const char *fmt, ...)
     if (total > sizeof line - 2)
         total = sizeof line - 2;
     line[total++] = '\n';
-    if (!_al_stderr_ours())
+    int fd = _al_stderr_fd();
+    if (fd < 0)
         return;
     if (n == MAX_MESSAGES - 1) {
         static const char more[] = "alloclens: further messages suppressed\n";
-        (void)_al_write_all(STDERR_FILENO, line, total);
-        (void)_al_write_all(STDERR_FILENO, more, sizeof more - 1);
+        (void)_al_write_all(fd, line, total);
+        (void)_al_write_all(fd, more, sizeof more - 1);
         return;
     }
-    (void)_al_write_all(STDERR_FILENO, line, total);
+    (void)_al_write_all(fd, line, total);
 }

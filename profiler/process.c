@@ -109,6 +109,7 @@ static void atfork_parent(void)
 static void atfork_child(void)
 {
     image_pid = getpid();
+    _al_stderr_after_fork_child();
     _al_threads_after_fork_child();
     _al_sampler_atfork_child();
     _al_sampler_unwind_unlock(&unwind_mask);

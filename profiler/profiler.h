@@ -272,11 +272,15 @@ void _al_buf_free(struct al_buf *b);
 /* log.c: writes all of DATA (LEN bytes) to FD, through short writes and EINTR, never ending
  * the program by SIGPIPE; 0 or a negative errno. */
 int _al_write_all(int fd, const void *data, size_t len);
-/* Notes what fd 2 is as the image starts; whether fd 2 is still that (or nothing was noted
- * yet): where it is not, the program put a file of its own there, and neither our lines nor
- * our report may go into it. */
+/* Notes what fd 2 is as the image starts. Where our lines and the text report go: fd 2 while
+ * it is still that (or nothing was noted yet), else the copy kept as the program closed it
+ * (report.c: whether one is due, and the copy), else -1: the program put a file of its own on
+ * fd 2, and nothing of ours may go into it. A fork child drops the copy. */
 void _al_stderr_note(void);
-bool _al_stderr_ours(void);
+bool _al_stderr_copy_due(void);
+void _al_stderr_keep(int copy);
+void _al_stderr_after_fork_child(void);
+int _al_stderr_fd(void);
 /* Writes the whole buffer to fd; 0 or a negative errno. */
 int _al_buf_write_fd(const struct al_buf *b, int fd);
 /* From now on the text of B (empty) goes to FD a chunk at a time, so that it never holds
@@ -1214,6 +1218,8 @@ enum al_report_kind {
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 /* Whether this process has a report to write at its end (not a side process without -o). */
 bool _al_report_planned(void);
+/* The program closes fd 2: where the text report is to go to stderr, a copy of it is kept. */
+void _al_report_stderr_closing(void);
 /* Whether this process writes the pprof profile at its end (the run's main one, asked to). */
 bool _al_report_writes_pprof(void);
 /* Set while this thread writes a report: calls it makes with no state are forwarded, uncounted. */

@@ -290,8 +290,9 @@ static void write_report(struct write_args *w)
         _al_report_pprof(_al_settings.pprof, r->runtime_ns);
     if (main_image && _al_settings.text) {
         if (strcmp(_al_settings.text, "-") == 0) {
-            if (_al_stderr_ours())
-                write_to(STDERR_FILENO, "stderr", false, _al_report_text, r, ending);
+            int fd = _al_stderr_fd();
+            if (fd >= 0)
+                write_to(fd, "stderr", false, _al_report_text, r, ending);
         } else {
             int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);
             write_to(fd, _al_settings.text, true, _al_report_text, r, ending);
@@ -334,6 +335,13 @@ static bool planned(enum al_report_kind kind)
 bool _al_report_planned(void)
 {
     return planned(AL_REPORT_EXIT);
+}
+
+void _al_report_stderr_closing(void)
+{
+    if (_al_settings.text && strcmp(_al_settings.text, "-") == 0 && main_at_end(AL_REPORT_EXIT) &&
+        _al_stderr_copy_due())
+        _al_stderr_keep(_al_fd_high(fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3)));
 }
 
 bool _al_report_writes_pprof(void)

@@ -74,6 +74,13 @@ def check_thread_memory(tap, desc, main, sides, stdout, stderr):
            f"{desc}: alloclens maps under {most} MiB after 3320 threads", f"profiler.mapped_bytes {mapped}")
 
 
+def check_stdclose(tap, desc, main, sides, stdout, stderr):
+    """host_fds stdclose: the program closed stderr at its end; the text report, due there, still
+    came (on a copy of that stderr kept as the program closed it)."""
+    tap.ok(b"== alloclens report" in stderr, f"{desc}: the text report is on stderr",
+           stderr.decode(errors="replace")[-1500:])
+
+
 def check_closed(tap, desc, main, sides, stdout, stderr):
     """host_fds closed: the symbolizer's input and output are not the closed descriptors' numbers."""
     sites = (main or {}).get("sites", {})
@@ -259,6 +266,8 @@ CASES = [
          default_text=True),
     case("no descriptors of alloclens left open in the program", "host_fds", ["count"]),
     case("stdin and stdout closed before exit", "host_fds", ["closed"], check=check_closed),
+    case("stdout and stderr closed with fclose at exit, as coreutils do", "host_fds", ["stdclose"],
+         default_text=True, check=check_stdclose),
     case("descriptors numbered as without alloclens; every one closed, then fork", "host_fds",
          ["numbers"]),
     case("the same after the program lowered its descriptor limit", "host_fds", ["lowered"]),

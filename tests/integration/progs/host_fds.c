@@ -17,6 +17,9 @@
  *                            allocates and writes through each, the parent prints what it read
  *        host_fds lowered    the same after lowering its descriptor limit to 256 (as programs
  *                            that use select() lower it to 1024), before anything is sampled
+ *        host_fds stdclose   allocates, then closes stdout and stderr with fclose, as every
+ *                            coreutils program does at exit, and exits 0: the text report
+ *                            still reaches the stderr the run began with
  *        host_fds unwinder   closes every descriptor above 2, makes a pipe (3 and 4, where
  *                            tcmalloc's libunwind made its own at start) holding "hello", then
  *                            allocates 80 MiB 4 KiB at a time (stacks unwound at each sample)
@@ -113,6 +116,11 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "unwinder"))
         return unwinder();
+    if (argc == 2 && !strcmp(argv[1], "stdclose")) {
+        churn();
+        puts("stdclose: closing stdout and stderr");
+        return fclose(stdout) == 0 && fclose(stderr) == 0 ? 0 : 1;
+    }
     if (argc == 2 && !strcmp(argv[1], "lowered")) {
         struct rlimit nofile;
         if (getrlimit(RLIMIT_NOFILE, &nofile) != 0)
