@@ -16,9 +16,10 @@
 /* What stderr was when the image started: a program may close it and open a file of its own,
  * which then gets fd 2 (a data file, a log of its own) and must receive nothing of ours. A
  * copy of the first stderr held all along would cost the program a descriptor and keep a pipe
- * it closed open for whoever reads it. Only where the text report is to go to stderr, and the
- * program closes fd 2 while it is still that stderr (every coreutils program does, at exit), a
- * copy is taken then, kept for the report (not by a fork child, not across exec). */
+ * it closed open for whoever reads it. Only in the run's main process (which writes the text
+ * report there, and says there what became of its reports), where the program closes fd 2 while
+ * it is still that stderr (every coreutils program does, at exit), a copy is taken then, kept to
+ * the end (not by a fork child, not across exec). */
 static struct {
     bool known, open;
     dev_t dev;
@@ -82,21 +83,34 @@ static int write_loop(int fd, const char *p, size_t len)
     return 0;
 }
 
-/* Into a pipe nobody reads (the text report on a stderr piped to `head`), SIGPIPE is blocked
- * for the write, and the one the write raised, if any, taken back. */
+/* Into a pipe nobody reads (the text report on a stderr piped to `head`) the write raises
+ * SIGPIPE, and past the program's file size limit (ulimit -f: a report bigger than anything the
+ * program writes) SIGXFSZ: either would end the program. Both are blocked for the write, and
+ * one the write raised taken back; the write's error says what happened. */
+static void take_back(int sig)
+{
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    const struct timespec now = { 0, 0 };
+    while (sigtimedwait(&one, NULL, &now) < 0 && errno == EINTR)
+        ;
+}
+
 int _al_write_all(int fd, const void *data, size_t len)
 {
-    sigset_t pipe_only, old, pending;
-    sigemptyset(&pipe_only);
-    sigaddset(&pipe_only, SIGPIPE);
-    bool was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+    sigset_t raised, old, pending;
+    sigemptyset(&raised);
+    sigaddset(&raised, SIGPIPE);
+    sigaddset(&raised, SIGXFSZ);
+    bool had = sigpending(&pending) == 0;
+    bool pipe_pending = had && sigismember(&pending, SIGPIPE), xfsz_pending = had && sigismember(&pending, SIGXFSZ);
+    pthread_sigmask(SIG_BLOCK, &raised, &old);
     int r = write_loop(fd, data, len);
-    if (r == -EPIPE && !was_pending) {
-        const struct timespec now = { 0, 0 };
-        while (sigtimedwait(&pipe_only, NULL, &now) < 0 && errno == EINTR)
-            ;
-    }
+    if (r == -EPIPE && !pipe_pending)
+        take_back(SIGPIPE);
+    if (r == -EFBIG && !xfsz_pending)
+        take_back(SIGXFSZ);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return r;
 }

@@ -1218,7 +1218,8 @@ enum al_report_kind {
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 /* Whether this process has a report to write at its end (not a side process without -o). */
 bool _al_report_planned(void);
-/* The program closes fd 2: where the text report is to go to stderr, a copy of it is kept. */
+/* The program closes fd 2: in the run's main process, which says on stderr what became of its
+ * report (and may write the text report there), a copy of it is kept. */
 void _al_report_stderr_closing(void);
 /* Whether this process writes the pprof profile at its end (the run's main one, asked to). */
 bool _al_report_writes_pprof(void);

@@ -218,10 +218,14 @@ static void write_to(int fd, const char *path, bool own, void (*make)(struct al_
     }
     if (!own)
         return;
+    /* A report cut short (a full disk, the program's file size limit) is not left to be read
+     * as a whole one: a file we made is removed, and the line says so. */
+    struct stat st;
+    bool cut = e < 0 && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0;
     if (fd >= 0)
         close(fd);
     if (e < 0)
-        _al_log("cannot write the report to %s: %s", path, strerror(-e));
+        _al_log("cannot write the report to %s: %s%s", path, strerror(-e), cut ? " (the part written is removed)" : "");
 }
 
 struct write_args {
@@ -339,8 +343,7 @@ bool _al_report_planned(void)
 
 void _al_report_stderr_closing(void)
 {
-    if (_al_settings.text && strcmp(_al_settings.text, "-") == 0 && main_at_end(AL_REPORT_EXIT) &&
-        _al_stderr_copy_due())
+    if (main_at_end(AL_REPORT_EXIT) && planned(AL_REPORT_EXIT) && _al_stderr_copy_due())
         _al_stderr_keep(_al_fd_high(fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3)));
 }
 

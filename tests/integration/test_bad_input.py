@@ -17,6 +17,7 @@ usage: test_bad_input.py LIBALLOCLENS.so HOST_LEAF HOST_FORK NOT_AN_ALLOCATOR.so
 """
 import json
 import os
+import resource
 import pwd
 import shutil
 import stat
@@ -322,6 +323,27 @@ def test_stderr_pipe_closed(tap):
            "text report to a stderr pipe nobody reads: exit status and stdout the program's own",
            f"plain {plain.returncode} {plain.stdout!r}; profiled {prof.returncode} {prof.stdout!r}")
     tap.ok(load(out) is not None, "text report to a stderr pipe nobody reads: JSON written")
+
+
+def test_file_size_limit(tap):
+    """A report bigger than the program's file size limit (ulimit -f 8): the program's exit status
+    and output are its own (the write's SIGXFSZ would have ended it), one line says the report
+    could not be written, and no cut-off report is left behind."""
+    tmp = tmpdir()
+    out = os.path.join(tmp, "r.json")
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    plain = subprocess.run([LEAF, "3", "100"], capture_output=True, preexec_fn=limited, timeout=TIMEOUT)
+    prof = subprocess.run([altest.cli(), "run", "-o", out, "--text", "off", "--", LEAF, "3", "100"],
+                          capture_output=True, text=True, preexec_fn=limited, env=clean_env(), timeout=TIMEOUT)
+    desc = "a report past the program's file size limit"
+    tap.ok(prof.returncode == plain.returncode == 3 and prof.stdout.encode() == plain.stdout,
+           f"{desc}: exit status and stdout the program's own",
+           f"plain {plain.returncode} {plain.stdout!r}; profiled {show(prof)}")
+    one_line(tap, desc, prof, out, "File too large", "removed")
+    tap.ok(not os.path.exists(out), f"{desc}: no cut-off report left", out)
 
 
 def test_allocators(tap):
@@ -640,6 +662,7 @@ def main():
     test_bad_variables(tap)
     test_unwritable_paths(tap)
     test_stderr_pipe_closed(tap)
+    test_file_size_limit(tap)
     test_allocators(tap)
     test_cli_usage(tap)
     test_own_malloc(tap)
