@@ -291,7 +291,6 @@ static void reap_late(void)
 {
     struct al_thread *cand[LATE_BATCH];
     pid_t tid[LATE_BATCH];
-    unsigned n = 0;
     /* The oldest ones, likeliest gone: the list has the newest first. */
     unsigned seen = 0;
     lock();
@@ -301,7 +300,7 @@ static void reap_late(void)
             tid[seen++ % LATE_BATCH] = t->late_tid;
         }
     unlock();
-    n = seen < LATE_BATCH ? seen : LATE_BATCH;
+    unsigned n = seen < LATE_BATCH ? seen : LATE_BATCH;
     if (!n)
         return;
     int saved = errno;
