@@ -34,9 +34,7 @@ AL_EXPORT long syscall(long nr, ...)
     bool installs = nr == SYS_seccomp && (a[0] == SECCOMP_SET_MODE_STRICT || a[0] == SECCOMP_SET_MODE_FILTER);
     if (AL_LIKELY(!installs))
         return real_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
-    if (a[0] == SECCOMP_SET_MODE_STRICT)
-        _al_process_before_strict();
-    _al_seccomp_installing();
+    _al_seccomp_installing(a[0] == SECCOMP_SET_MODE_STRICT);
     long r = real_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
     /* A new listener's descriptor, or 0; with TSYNC, a thread's id says which thread failed. */
     bool ok = a[1] & SECCOMP_FILTER_FLAG_NEW_LISTENER ? r >= 0 : r == 0;
@@ -57,9 +55,7 @@ AL_EXPORT int prctl(int option, ...)
     bool installs = option == PR_SET_SECCOMP && (a[0] == SECCOMP_MODE_STRICT || a[0] == SECCOMP_MODE_FILTER);
     if (AL_LIKELY(!installs))
         return real_prctl(option, a[0], a[1], a[2], a[3]);
-    if (a[0] == SECCOMP_MODE_STRICT)
-        _al_process_before_strict();
-    _al_seccomp_installing();
+    _al_seccomp_installing(a[0] == SECCOMP_MODE_STRICT);
     int r = real_prctl(option, a[0], a[1], a[2], a[3]);
     _al_seccomp_installed(a[0] == SECCOMP_MODE_STRICT, (const struct sock_fprog *)a[1], r == 0);
     return r;

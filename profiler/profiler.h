@@ -462,9 +462,11 @@ struct seccomp_data;
  * installed holds): later threads start no syscall user dispatch and no event counting. */
 extern _Atomic bool _al_seccomp_on AL_HIDDEN;
 
-/* Around the program's install of a filter (PROG; STRICT: strict mode): the second keeps a
- * copy of the filter if OK (it was installed). Installs may overlap (several threads). */
-void _al_seccomp_installing(void);
+/* Around the program's install of a filter (PROG; STRICT: strict mode, before which this
+ * thread's report is written and its calls left unmeasured, _al_process_before_strict): the
+ * second keeps a copy of the filter if OK (it was installed). Installs may overlap (several
+ * threads). */
+void _al_seccomp_installing(bool strict);
 void _al_seccomp_installed(bool strict, const struct sock_fprog *prog, bool ok);
 /* Why a report cannot be written now (NULL: it can): a system call it takes that a filter the
  * program installed would refuse. *CAN_SAY: whether a line on stderr may still be written. */

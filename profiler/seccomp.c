@@ -47,8 +47,10 @@ static _Atomic bool measures_ok = true, rusage_ok = true;
 
 static void decide_locked(void);
 
-void _al_seccomp_installing(void)
+void _al_seccomp_installing(bool strict)
 {
+    if (strict)
+        _al_process_before_strict();
     _al_spin_lock(&state.lock);
     state.installing++;
     atomic_store(&measures_ok, false);

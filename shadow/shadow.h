@@ -176,7 +176,8 @@ _al_shadow_region_cached(struct al_shadow_cache *c, uint64_t a, bool create)
 #define AL_SHADOW_SAMPLED 4u
 #define AL_SHADOW_LIVE 8u
 
-#define AL_SHADOW_GRANULE(a) (((a) & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> _al_shadow.granule_shift)
+#define AL_SHADOW_GRANULE_AT(a, shift) (((a) & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> (shift))
+#define AL_SHADOW_GRANULE(a) AL_SHADOW_GRANULE_AT(a, _al_shadow.granule_shift)
 #define AL_SHADOW_PAGE_INDEX(a) (((a) >> AL_SHADOW_PAGE_SHIFT) & (AL_SHADOW_PAGES - 1))
 
 /* The flags of the object at p: AL_SHADOW_LIVE, AL_SHADOW_SAMPLED, ... (0 where no region). */
@@ -200,7 +201,7 @@ static inline __attribute__((always_inline)) unsigned _al_shadow_flags(const voi
  * whatever the granule (only full mode, which does not use them, has larger ones). */
 static inline __attribute__((always_inline)) bool _al_shadow_seen(struct al_shadow_region *r, uint64_t a)
 {
-    uint64_t g = (a & ((1u << AL_SHADOW_REGION_SHIFT) - 1)) >> AL_SHADOW_GRANULE_SHIFT;
+    uint64_t g = AL_SHADOW_GRANULE_AT(a, AL_SHADOW_GRANULE_SHIFT);
     _Atomic uint64_t *w = &r->seen[g >> 6];
     uint64_t bit = 1ull << (g & 63);
     if (__builtin_expect((atomic_load_explicit(w, memory_order_relaxed) & bit) != 0, 1))

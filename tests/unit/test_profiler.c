@@ -584,7 +584,7 @@ START_TEST(seccomp_report_refused)
     };
     struct sock_fprog prog = { sizeof deny / sizeof deny[0], deny };
     ck_assert(_al_seccomp_measures_ok() && _al_seccomp_rusage_ok());
-    _al_seccomp_installing();
+    _al_seccomp_installing(false);
     ck_assert(!_al_seccomp_measures_ok() && !_al_seccomp_rusage_ok()); /* under way */
     _al_seccomp_installed(false, &prog, false);
     ck_assert_ptr_null(_al_seccomp_refuses_report(&can_say));
@@ -592,8 +592,8 @@ START_TEST(seccomp_report_refused)
     ck_assert(_al_seccomp_measures_ok() && _al_seccomp_rusage_ok());
     /* Two installs overlapping: one failing while the other is under way leaves the filter
      * on and the measurements off until the other has ended. */
-    _al_seccomp_installing();
-    _al_seccomp_installing();
+    _al_seccomp_installing(false);
+    _al_seccomp_installing(false);
     _al_seccomp_installed(false, &prog, false);
     ck_assert(_al_seccomp_on && !_al_seccomp_measures_ok());
     /* The other one ends, installed: later threads are told, the report is refused by name
@@ -610,7 +610,7 @@ START_TEST(seccomp_report_refused)
     ck_assert_str_eq(why, "the program's seccomp filter refuses mincore, which writing it takes");
     ck_assert(can_say);
     /* Strict mode allows write, all a line needs, and no open. */
-    _al_seccomp_installing();
+    _al_seccomp_installing(false);
     _al_seccomp_installed(true, NULL, true);
     why = _al_seccomp_refuses_report(&can_say);
     ck_assert_str_eq(why, "the program's seccomp filter refuses openat, which writing it takes");
