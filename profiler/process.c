@@ -89,20 +89,21 @@ static void on_exit_report(int status, void *arg)
 
 /* The registry's lock first: it blocks signals (thread.c), so no handler can come to the
  * sampler's locks held here, nor to any in the child until it has set them right. No thread is
- * left inside libunwind (sampler.c). */
-static sigset_t unwind_mask;
+ * left inside libunwind (sampler.c) but this one, where the fork comes from a handler that
+ * interrupted it there; whether each lock was taken here or so held is kept for the release. */
+static bool fork_took_unwind, fork_took_samples;
 
 static void atfork_prepare(void)
 {
     _al_threads_atfork_prepare();
-    _al_sampler_unwind_lock(&unwind_mask);
-    _al_sampler_lock();
+    fork_took_unwind = _al_sampler_unwind_lock();
+    fork_took_samples = _al_sampler_lock();
 }
 
 static void atfork_parent(void)
 {
-    _al_sampler_unlock();
-    _al_sampler_unwind_unlock(&unwind_mask);
+    _al_sampler_unlock(fork_took_samples);
+    _al_sampler_unwind_unlock(fork_took_unwind);
     _al_threads_atfork_parent();
 }
 
@@ -111,8 +112,8 @@ static void atfork_child(void)
     image_pid = getpid();
     _al_stderr_after_fork_child();
     _al_threads_after_fork_child();
-    _al_sampler_atfork_child();
-    _al_sampler_unwind_unlock(&unwind_mask);
+    _al_sampler_atfork_child(fork_took_samples);
+    _al_sampler_unwind_unlock(fork_took_unwind);
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
     _al_report_restart(0, NULL);

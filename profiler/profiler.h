@@ -574,9 +574,6 @@ void _al_thread_spawn_failed(void);
 void _al_thread_started(struct al_thread *t);
 /* Around fork: the registry's lock, taken with signals blocked; the child's unlocks it and
  * leaves them blocked until _al_threads_fork_done, the child's last step. */
-/* Blocks every signal but SIGSYS (syscall user dispatch needs it), the mask before into OLD:
- * a lock of ours that a handler could come to is held so. */
-void _al_signals_block(sigset_t *old);
 void _al_threads_atfork_prepare(void);
 void _al_threads_atfork_parent(void);
 void _al_threads_after_fork_child(void);

@@ -128,9 +128,9 @@ static void under_lock(struct al_buf *b, void (*make)(struct al_buf *, const str
                        const struct al_report *r)
 {
     _al_buf_hold(b, true);
-    _al_sampler_lock();
+    bool took = _al_sampler_lock();
     make(b, r);
-    _al_sampler_unlock();
+    _al_sampler_unlock(took);
     _al_buf_hold(b, false);
 }
 
@@ -252,7 +252,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         goto out;
     }
     _al_maps_each(mp->buf, sizeof mp->buf, add_mapping, mp);
-    _al_sampler_lock();
+    bool took = _al_sampler_lock();
     size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         const struct al_site *st = _al_site(i);
@@ -281,7 +281,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
                     fr->mapping = m + 1;
         }
     }
-    _al_sampler_unlock();
+    _al_sampler_unlock(took);
     struct al_pprof_profile p = { mp->m, mp->n, samples, n, (int64_t)_al_sampler.rate, 0, (int64_t)runtime_ns };
     char err[512];
     if (_al_pprof_write(path, &p, err, sizeof err) < 0)

@@ -50,7 +50,7 @@ struct slot {
 };
 
 static struct {
-    _Atomic int lock;
+    _Atomic uintptr_t lock;
     struct sample *samples;
     struct slot *slots;
     unsigned slot_bits; /* the index has 1 << slot_bits slots: twice what the most live
@@ -136,14 +136,47 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p)
         _al_sample_free(p);
 }
 
-static void lock(void)
+/* The sampler's two locks (the table's, and unwinding's below) hold their owner, the address
+ * of a thread-local of the thread holding them, rather than block signals: that costs two
+ * system calls, which at every sample cost malloc_bench 2% of its time in --mode sample. A
+ * signal handler that interrupts the holder and comes back to the lock (its fork, whose
+ * prepare handler takes both; its exit, whose report reads the table) finds it its own and
+ * goes on without taking it. Before, such a fork spun for ever with signals blocked (by the
+ * registry's lock, taken first), where SIGTERM could not end it. The handler's own
+ * allocations come to neither: the thread is busy. */
+static __thread char owner_tag __attribute__((tls_model("initial-exec")));
+
+static bool owned_lock(_Atomic uintptr_t *l)
 {
-    _al_spin_lock(&s.lock);
+    uintptr_t me = (uintptr_t)&owner_tag, none;
+    if (atomic_load_explicit(l, memory_order_relaxed) == me)
+        return false;
+    for (unsigned n = 0;; n++) {
+        none = 0;
+        if (atomic_compare_exchange_weak_explicit(l, &none, me, memory_order_acquire, memory_order_relaxed))
+            return true;
+        if (n > 64)
+            sched_yield();
+        else
+            __builtin_ia32_pause();
+    }
 }
 
-static void unlock(void)
+static void owned_unlock(_Atomic uintptr_t *l, bool took)
 {
-    _al_spin_unlock(&s.lock);
+    if (took)
+        atomic_store_explicit(l, 0, memory_order_release);
+}
+
+/* False where the lock was this thread's already (see owned_lock). */
+static bool lock(void)
+{
+    return owned_lock(&s.lock);
+}
+
+static void unlock(bool took)
+{
+    owned_unlock(&s.lock, took);
 }
 
 /* ---- random draws -------------------------------------------------------------------------- */
@@ -215,12 +248,15 @@ void _al_sampler_init(const struct al_settings *set, long hwm_kib)
     _al_sampler.enabled = true;
 }
 
-void _al_sampler_atfork_child(void)
+void _al_sampler_atfork_child(bool took)
 {
     /* The child's report covers its own allocations: it starts with no samples and no sites.
      * Its copies of the parent's sampled objects lose their mark, so their frees pass
-     * unnoticed. Dropping the pages zeroes the tables without touching them. */
-    if (_al_sampler.enabled) {
+     * unnoticed. Dropping the pages zeroes the tables without touching them. Not where the
+     * fork came from a handler that interrupted this thread changing them (TOOK false): that
+     * change is finished after the handler returns, and the child keeps the parent's samples
+     * rather than a table torn in two. */
+    if (_al_sampler.enabled && took) {
         for (uint64_t i = 0; i < s.nsamples; i++)
             mark((void *)s.samples[i].addr, false);
         madvise(s.samples, samples_bytes(), MADV_DONTNEED);
@@ -243,7 +279,7 @@ void _al_sampler_atfork_child(void)
         s.peak_next = 0;
         _al_sampler.peak_source = AL_PEAK_NONE;
     }
-    unlock();
+    unlock(took);
 }
 
 /* ---- sites ----------------------------------------------------------------------------------- */
@@ -294,22 +330,21 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
 /* libunwind keeps its caches (unwind rules, each thread's frames) behind pthread mutexes of its
  * own and does nothing about them at fork: a fork while another thread unwound left such a
  * mutex held in the child, whose threads then waited on it for good at their first sample.
- * Unwinding is one thread at a time under this lock, which fork takes first; it is held with
- * signals blocked, so that a handler that forks on the unwinding thread cannot wait for
- * itself. The window left is a thread's exit, when libunwind frees that thread's frame cache
+ * Unwinding is one thread at a time under this lock, which fork takes first. A fork from a
+ * handler that interrupted the unwinding thread finds the lock its own (owned_lock) and forks
+ * with that thread's unwind under way, to be finished in both processes once the handler
+ * returns. The window left is a thread's exit, when libunwind frees that thread's frame cache
  * under its own lock (a few instructions). */
-static _Atomic int unwind_lock;
+static _Atomic uintptr_t unwind_lock;
 
-void _al_sampler_unwind_lock(sigset_t *old)
+bool _al_sampler_unwind_lock(void)
 {
-    _al_signals_block(old);
-    _al_spin_lock(&unwind_lock);
+    return owned_lock(&unwind_lock);
 }
 
-void _al_sampler_unwind_unlock(const sigset_t *old)
+void _al_sampler_unwind_unlock(bool took)
 {
-    _al_spin_unlock(&unwind_lock);
-    pthread_sigmask(SIG_SETMASK, old, NULL);
+    owned_unlock(&unwind_lock, took);
 }
 
 static unsigned capture(uintptr_t *frames)
@@ -319,12 +354,11 @@ static unsigned capture(uintptr_t *frames)
     if (!_al_seccomp_measures_ok())
         return 0;
     void *raw[AL_SITE_FRAMES + 16];
-    sigset_t old;
-    _al_sampler_unwind_lock(&old);
+    bool took = _al_sampler_unwind_lock();
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     int n = unw_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
     _al_fds_ours = false;
-    _al_sampler_unwind_unlock(&old);
+    _al_sampler_unwind_unlock(took);
     unsigned k = 0;
     int i = 0;
     /* Drop our own frames: the stack starts at the program's call of malloc or new. */
@@ -619,7 +653,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     double objects = 1.0 / prob, bytes = (double)size / prob;
     long rss = rss_peak(false);
     uint64_t now = _al_tsc();
-    lock();
+    bool took = lock();
     /* Before this sample is added: it would lift its site by a whole sample's weight at every
      * peak it finds. */
     sampled_event_peak(rss, now);
@@ -645,17 +679,17 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     st->alloc_objects += objects;
     st->frag_bytes += (double)(usable > size ? usable - size : 0) * objects;
     st->count++;
-    unlock();
+    unlock(took);
 }
 
 void _al_sampler_heap_peak(uint64_t heap, bool unless_lower)
 {
     if (!_al_sampler.enabled)
         return;
-    lock();
+    bool took = lock();
     if (!unless_lower || s.live_bytes >= _al_sampler.peak_bytes)
         snapshot(_al_tsc(), (double)heap, AL_PEAK_HEAP);
-    unlock();
+    unlock(took);
 }
 
 AL_NOINLINE void _al_sample_free(const void *p)
@@ -663,26 +697,26 @@ AL_NOINLINE void _al_sample_free(const void *p)
     int saved = errno, cancel = _al_nocancel_begin();
     long rss = rss_peak(false); /* p is marked sampled: it is, but for a race */
     uint64_t now = _al_tsc();
-    lock();
+    bool took = lock();
     struct sample *e = find((uintptr_t)p);
     if (e) {
         sampled_event_peak(rss, now); /* a peak passed since the last sample: p still in it */
         forget(e, now);
         s.peak_set_current = false;
     }
-    unlock();
+    unlock(took);
     _al_nocancel_end(cancel);
     errno = saved;
 }
 
 void _al_sampler_collect(void)
 {
-    lock();
+    bool took = lock();
     _al_sampler.live_bytes_at_exit = s.live_bytes;
     /* Still at the peak: the residency of exactly the peak's samples can be had now. */
     if (s.residency_pending || (s.peak_set_current && s.nsamples))
         measure_residency();
-    unlock();
+    unlock(took);
 }
 
 void _al_sampler_report_begins(void)
@@ -692,7 +726,7 @@ void _al_sampler_report_begins(void)
     long rss = rss_peak(true);
     int64_t now = rss >= 0 ? _al_proc_rss() : -1;
     long now_kib = now >= 0 ? (long)(now / 1024) : -1;
-    lock();
+    bool took = lock();
     /* Exit is the peak if the peak RSS rose since the last one, or if the process is about as
      * large as then (a MiB: the kernel's counts of resident pages lag) and the estimate is no
      * lower: the samples since are still live. */
@@ -701,12 +735,12 @@ void _al_sampler_report_begins(void)
         rss_peak_seen(rss, still, _al_tsc());
     else if (s.live_bytes > _al_sampler.peak_bytes)
         snapshot(_al_tsc(), s.live_bytes, AL_PEAK_ESTIMATE);
-    unlock();
+    unlock(took);
 }
 
-void _al_sampler_lock(void)
+bool _al_sampler_lock(void)
 {
-    lock();
+    return lock();
 }
 
 uint64_t _al_sampler_live(void)
@@ -714,7 +748,7 @@ uint64_t _al_sampler_live(void)
     return s.nsamples;
 }
 
-void _al_sampler_unlock(void)
+void _al_sampler_unlock(bool took)
 {
-    unlock();
+    unlock(took);
 }

@@ -104,15 +104,17 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
 /* The report is about to be gathered: before it maps anything, whether the process's peak RSS
  * rose since the last peak (the other modes). */
 void _al_sampler_report_begins(void);
-/* Unwinding's lock (sampler.c), which fork takes first and releases last; OLD: the signal mask
- * it restores. */
-void _al_sampler_unwind_lock(sigset_t *old);
-void _al_sampler_unwind_unlock(const sigset_t *old);
-void _al_sampler_lock(void);
-void _al_sampler_unlock(void);
+/* Unwinding's lock (sampler.c), which fork takes first and releases last, and the table's.
+ * Each lock returns false where the thread held it already (a signal handler interrupted
+ * it there), and its unlock then leaves it held: pass what the lock returned. */
+bool _al_sampler_unwind_lock(void);
+void _al_sampler_unwind_unlock(bool took);
+bool _al_sampler_lock(void);
+void _al_sampler_unlock(bool took);
 /* Live samples (lock held). */
 uint64_t _al_sampler_live(void);
-void _al_sampler_atfork_child(void);
+/* TOOK: what fork's _al_sampler_lock returned. */
+void _al_sampler_atfork_child(bool took);
 
 /* report_sites.c */
 struct al_buf;

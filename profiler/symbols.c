@@ -282,9 +282,9 @@ static void make_table(void)
         snprintf(sym.why, sizeof sym.why, "no memory file for %s: %s", HELPER, strerror(errno));
         goto done;
     }
-    _al_sampler_lock();
+    bool took = _al_sampler_lock();
     bool ok = collect_frames();
-    _al_sampler_unlock();
+    _al_sampler_unlock(took);
     if (!ok) {
         snprintf(sym.why, sizeof sym.why, "out of memory listing the frames");
         goto done;

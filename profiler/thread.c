@@ -52,17 +52,12 @@ static struct {
  * start and end, pthread_create, fork, snapshots and the report. */
 static __thread sigset_t unlocked_mask, fork_mask;
 
-void _al_signals_block(sigset_t *old)
+static void block_signals(void)
 {
     sigset_t all;
     sigfillset(&all);
     sigdelset(&all, SIGSYS);
-    pthread_sigmask(SIG_BLOCK, &all, old);
-}
-
-static void block_signals(void)
-{
-    _al_signals_block(&unlocked_mask);
+    pthread_sigmask(SIG_BLOCK, &all, &unlocked_mask);
 }
 
 static void restore_signals(void)

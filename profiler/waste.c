@@ -106,10 +106,10 @@ void _al_waste_init(const struct al_alloc_config *c)
             w->nclasses = c->nclasses;
             /* A sample another thread took already was marked in an 8-byte granule, where its
              * free must find the mark: then the granule stays. */
-            _al_sampler_lock();
+            bool took = _al_sampler_lock();
             if (!_al_sampler_live())
                 _al_shadow.granule_shift = granule_for(c);
-            _al_sampler_unlock();
+            _al_sampler_unlock(took);
         }
     }
     w->slot_any = w->nclasses;
