@@ -347,6 +347,28 @@ void _al_sampler_unwind_unlock(bool took)
     owned_unlock(&unwind_lock, took);
 }
 
+/* The loader brings a thread's table of dynamic TLS blocks up to date at the thread's first
+ * access to such a block after a dlopen or dlclose, and frees a closed library's blocks then,
+ * with the program's free: in a plain run, at the program's next access. libunwind's
+ * thread-locals are such blocks, so that upkeep came inside the stack walk, where the thread
+ * is busy and the free went uncounted (one free short per dlclose of a library with
+ * thread-locals, a helper's stress run found). This access to one of ours, made first with
+ * the thread not busy, leaves the upkeep's calls counted as the program's. */
+static __thread char tls_upkeep_probe __attribute__((tls_model("global-dynamic")));
+
+static AL_NOINLINE void tls_upkeep(struct al_thread *t)
+{
+    if (t->busy != 1)
+        return;
+    /* The compiler knows no call in a TLS access: fences keep both stores around it. */
+    t->busy = 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    char *volatile at = &tls_upkeep_probe;
+    (void)at;
+    atomic_signal_fence(memory_order_seq_cst);
+    t->busy = 1;
+}
+
 static unsigned capture(uintptr_t *frames)
 {
     /* Where the program's seccomp filters may refuse what libunwind does, no stack: the sample
@@ -647,6 +669,7 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     if (!p || !_al_sampler.enabled)
         return;
     uintptr_t frames[AL_SITE_FRAMES];
+    tls_upkeep(t);
     unsigned n = capture(frames);
     uint64_t usable = _al_usable_size ? _al_usable_size(p) : size;
     double prob = _al_math_one_minus_exp_neg(((double)size + 1.0) / _al_sampler.rate);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Exact counts: every count in the JSON `ops` table equals the truth a program of ours prints.
 
-usage: test_exact_counts.py PROG_C PROG_CXX COUNT_SHIM.so SINGLE_THREADED_PROG...
+usage: test_exact_counts.py PROG_C PROG_CXX COUNT_SHIM.so TLS_CYCLES TLS_PLUGIN.so
+                            SINGLE_THREADED_PROG...
 
 PROG_C (malloc family) and PROG_CXX (operator new/delete) make exactly known numbers of calls
 from a serial part and a parallel part (4 threads + main) and print their truth per
@@ -18,6 +19,9 @@ alone in the same program, which counts every call that reaches the malloc famil
 The totals of allocation calls, reallocs and frees must be the same under every mode. The
 threaded programs are held to their allocations and reallocs only: how many thread stacks
 glibc's cache hands back, with a free of the old TLS vector for each, varies from run to run.
+TLS_CYCLES loads and unloads TLS_PLUGIN.so, whose thread-local blocks the loader allocates and
+frees with the program's malloc and free, with every allocation sampled: the sampler's stack
+walk must not make those calls in its stead, uncounted.
 """
 import subprocess
 import json
@@ -182,8 +186,9 @@ def report_totals(report):
     return allocs, total({"realloc"}), total({"free", "delete"})
 
 
-def check_absolute(tap, shim, cmd, label, frees):
-    """Under glibc, in each mode: the report's totals equal the shim's count of the same run."""
+def check_absolute(tap, shim, cmd, label, frees, extra=()):
+    """Under glibc, in each mode: the report's totals equal the shim's count of the same run
+    (EXTRA: further alloclens options)."""
     tmp = altest.tmpdir()
     try:
         want = shim_totals(shim, cmd, tmp)
@@ -191,7 +196,7 @@ def check_absolute(tap, shim, cmd, label, frees):
         tap.ok(False, f"{label}: counted without alloclens", str(e))
         return
     for mode in ("full", "time", "sample"):
-        proc, report = altest.run("glibc", cmd, tmp, extra=("--mode", mode), timeout=120)
+        proc, report = altest.run("glibc", cmd, tmp, extra=("--mode", mode, *extra), timeout=120)
         if proc.returncode != 0 or report is None:
             tap.ok(False, f"{label}, --mode {mode}: every call and no other, in absolute terms",
                    f"exit {proc.returncode}; report {'missing' if report is None else 'there'}")
@@ -204,10 +209,10 @@ def check_absolute(tap, shim, cmd, label, frees):
 
 
 def main():
-    if len(sys.argv) < 4:
+    if len(sys.argv) < 6:
         sys.exit(__doc__)
-    prog_c, prog_cxx, shim = sys.argv[1:4]
-    single = sys.argv[4:]
+    prog_c, prog_cxx, shim, tls_cycles, tls_plugin = sys.argv[1:6]
+    single = sys.argv[6:]
     tap = altest.Tap()
     found = altest.allocators()
     tap.ok(found, "alloclens allocators finds allocators", "none found")
@@ -235,6 +240,9 @@ def main():
     if "glibc" in found:
         for prog in single:
             check_absolute(tap, shim, [prog], os.path.basename(prog), frees=True)
+        check_absolute(tap, shim, [tls_cycles, tls_plugin, "10"],
+                       "tls_cycles, a library with thread-locals loaded 10 times, every allocation sampled",
+                       frees=True, extra=("--sample-rate", "1"))
         for prog in (prog_c, prog_cxx):
             check_absolute(tap, shim, [prog, "--scale", "1"], os.path.basename(prog), frees=False)
     else:
