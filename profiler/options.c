@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "profiler.h"
 
@@ -154,6 +155,29 @@ static const char *str_setting(struct al_settings *s, enum al_opt_id id, size_t 
     return store;
 }
 
+/* A report's path as str_setting has it, a relative one taken from the directory the image
+ * started in, as `alloclens run` makes its own absolute: a program that changes directory
+ * before it exits still writes its report where it was asked to. Left relative where that
+ * directory has no name any more (removed) or the two together are too long. */
+static const char *path_setting(struct al_settings *s, enum al_opt_id id)
+{
+    const char *v = str_setting(s, id, AL_SETTING_STRING_MAX);
+    if (!v || v[0] == '/' || !strcmp(v, "-") || !strcmp(v, "off"))
+        return v;
+    char cwd[AL_SETTING_STRING_MAX];
+    if (!getcwd(cwd, sizeof cwd) || cwd[0] != '/')
+        return v;
+    size_t n = strlen(cwd), rel = strlen(v), at = (size_t)(v - s->strings);
+    if (n + 1 + rel >= AL_SETTING_STRING_MAX || at + n + 1 + rel + 1 > sizeof s->strings)
+        return v;
+    char *store = s->strings + at;
+    memmove(store + n + 1, v, rel + 1);
+    memcpy(store, cwd, n);
+    store[n] = '/';
+    s->strings_used = at + n + 1 + rel + 1;
+    return store;
+}
+
 static const char *const mode_names[AL_MODE_COUNT] = { "full", "time", "sample" };
 
 const char *_al_mode_name(unsigned mode)
@@ -172,15 +196,15 @@ int _al_mode_parse(const char *text)
 void _al_settings_load(struct al_settings *s)
 {
     s->strings_used = 0;
-    s->output = str_setting(s, AL_OPT_OUTPUT, AL_SETTING_STRING_MAX);
-    s->text = str_setting(s, AL_OPT_TEXT, AL_SETTING_STRING_MAX);
+    s->output = path_setting(s, AL_OPT_OUTPUT);
+    s->text = path_setting(s, AL_OPT_TEXT);
     if (s->text && strcmp(s->text, "off") == 0)
         s->text = NULL;
     bool given;
     s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD, &s->large_threshold_set);
     s->config = str_setting(s, AL_OPT_CONFIG, AL_SETTING_STRING_MAX);
     s->allocator = str_setting(s, AL_OPT_ALLOCATOR, AL_SETTING_STRING_MAX);
-    s->pprof = str_setting(s, AL_OPT_PPROF, AL_SETTING_STRING_MAX);
+    s->pprof = path_setting(s, AL_OPT_PPROF);
     s->sample_rate = (uint64_t)num_setting(AL_OPT_SAMPLE_RATE, &given);
     s->events = str_setting(s, AL_OPT_EVENTS, AL_SETTING_EVENTS_MAX);
     s->sample_every = (unsigned)num_setting(AL_OPT_SAMPLE_EVERY, &given);

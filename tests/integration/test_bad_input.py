@@ -271,6 +271,17 @@ def test_unwritable_paths(tap):
     tap.ok(p is not None and all(w == [top] for w in where.values()),
            "relative -o, --text and --pprof are written where alloclens run was started, "
            "though the program changed directory", f"{where}\n{show(p)}")
+    # The same with the library alone: the paths are the directory's the program started in.
+    top = tmpdir()
+    os.mkdir(os.path.join(top, "elsewhere"))
+    p = run(["sh", "-c", "cd elsewhere && :"], cwd=top,
+            env=clean_env(LD_PRELOAD=SO, ALLOCLENS_OUTPUT="r.json", ALLOCLENS_TEXT="r.txt",
+                          ALLOCLENS_PPROF="r.pb.gz"))
+    where = {n: [d for d in (top, os.path.join(top, "elsewhere"))
+                 if os.path.exists(os.path.join(d, n))] for n in ("r.json", "r.txt", "r.pb.gz")}
+    tap.ok(p is not None and p.returncode == 0 and all(w == [top] for w in where.values()),
+           "direct use: relative ALLOCLENS_OUTPUT, _TEXT and _PPROF are written where the "
+           "program started, though it changed directory", f"{where}\n{show(p)}")
 
     # A forking program with an unwritable output: each process says so for its own report
     # (one line per process), and the program is unchanged.

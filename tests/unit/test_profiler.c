@@ -355,6 +355,21 @@ START_TEST(settings_garbage_defaults)
     _al_settings_load(&s);
     ck_assert_uint_eq(s.large_threshold, 65536);
     ck_assert_str_eq(s.text, "-");
+    /* Relative report paths are taken from the directory at start; absolute ones kept. */
+    char cwd[4096], want[4200];
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    setenv("ALLOCLENS_OUTPUT", "out/r.json", 1);
+    setenv("ALLOCLENS_TEXT", "/abs/r.txt", 1);
+    setenv("ALLOCLENS_PPROF", "r.pb.gz", 1);
+    _al_settings_load(&s);
+    snprintf(want, sizeof want, "%s/out/r.json", cwd);
+    ck_assert_str_eq(s.output, want);
+    ck_assert_str_eq(s.text, "/abs/r.txt");
+    snprintf(want, sizeof want, "%s/r.pb.gz", cwd);
+    ck_assert_str_eq(s.pprof, want);
+    unsetenv("ALLOCLENS_OUTPUT");
+    unsetenv("ALLOCLENS_TEXT");
+    unsetenv("ALLOCLENS_PPROF");
 }
 END_TEST
 
