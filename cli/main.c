@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -73,7 +74,16 @@ int _al_cli_check_mode(const char *mode)
 
 int _al_cli_check_writable(const char *path, const char *shown, const char *what)
 {
-    /* Fail now rather than after the run; leave no empty file behind. */
+    /* Fail now rather than after the run; leave no empty file behind. A FIFO is only asked:
+     * opening it waits for a reader, and closing it again ends that reader's input before
+     * the report comes. */
+    struct stat st;
+    if (stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+        if (access(path, W_OK) == 0)
+            return 0;
+        fprintf(stderr, "alloclens: cannot write %s to %s: %s\n", what, shown, strerror(errno));
+        return -1;
+    }
     bool existed = access(path, F_OK) == 0;
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {

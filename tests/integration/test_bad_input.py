@@ -23,6 +23,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 
 import altest
 
@@ -315,6 +316,23 @@ def test_unwritable_paths(tap):
     same_as_plain(tap, desc, plain, prof)
     tap.ok(os.path.exists("/dev/null") and stat.S_ISCHR(os.stat("/dev/null").st_mode),
            f"{desc}: /dev/null is still the device", show(prof))
+    # A FIFO as -o, with a reader: the command's check that it can write there neither waits
+    # for the reader nor ends its input; the report comes through.
+    fifo = os.path.join(sub, "report.fifo")
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    p = run([altest.cli(), "run", "-o", fifo, "--text", "off", "--", LEAF, "3", "100"], cwd=sub)
+    reader.join(TIMEOUT)
+    try:
+        parsed = json.loads(got[0]) if got else None
+    except ValueError:
+        parsed = None
+    tap.ok(p is not None and p.returncode == 3 and parsed is not None
+           and parsed["program"]["exit_status"] == 3,
+           "-o a FIFO with a reader: the program's exit status, the report read from the FIFO",
+           f"{len(got[0]) if got else 'no'} bytes read\n{show(p)}")
 
 
 def test_stderr_pipe_closed(tap):
