@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "profiler.h"
@@ -97,6 +98,16 @@ static void take_back(int sig)
         ;
 }
 
+/* pthread_sigmask leaves the C library's own signals out of any mask it is given (SIGCANCEL,
+ * SIGSETXID and SIGTIMER, 32): putting back a mask with it unblocked the SIGTIMER that a
+ * SIGEV_THREAD timer's helper thread keeps blocked to wait for it, and the timer's next
+ * expiry killed the process (its first malloc took the registry's lock; a helper's stress run
+ * found it). The system call puts back exactly what was there. */
+void _al_signals_restore(const sigset_t *old)
+{
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, old, NULL, _NSIG / 8);
+}
+
 int _al_write_all(int fd, const void *data, size_t len)
 {
     sigset_t raised, old, pending;
@@ -111,7 +122,7 @@ int _al_write_all(int fd, const void *data, size_t len)
         take_back(SIGPIPE);
     if (r == -EFBIG && !xfsz_pending)
         take_back(SIGXFSZ);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    _al_signals_restore(&old);
     return r;
 }
 

@@ -572,6 +572,9 @@ void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */
 void _al_thread_spawn_failed(void);
 void _al_thread_started(struct al_thread *t);
+/* Puts back OLD, a mask pthread_sigmask returned, exactly (log.c): the C library's own
+ * signals included, which pthread_sigmask would leave unblocked. */
+void _al_signals_restore(const sigset_t *old);
 /* Around fork: the registry's lock, taken with signals blocked; the child's unlocks it and
  * leaves them blocked until _al_threads_fork_done, the child's last step. */
 void _al_threads_atfork_prepare(void);

@@ -398,7 +398,7 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
     write_on_own_stack(kind, has_status, status);
     _al_reporting = false;
     atomic_store(&finished, 1);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    _al_signals_restore(&old);
 }
 
 void _al_report_wait_written(unsigned ms)

@@ -62,7 +62,7 @@ static void block_signals(void)
 
 static void restore_signals(void)
 {
-    pthread_sigmask(SIG_SETMASK, &unlocked_mask, NULL);
+    _al_signals_restore(&unlocked_mask);
 }
 
 static void lock(void)
@@ -448,7 +448,7 @@ void _al_threads_after_fork_child(void)
 
 void _al_threads_fork_done(void)
 {
-    pthread_sigmask(SIG_SETMASK, &fork_mask, NULL);
+    _al_signals_restore(&fork_mask);
 }
 
 void _al_threads_collect(struct al_row *rows, uint64_t *hist, struct al_thread_totals *tot,

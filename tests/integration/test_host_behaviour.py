@@ -226,6 +226,7 @@ CASES = [
     case("division by zero while threads allocate: SIGFPE", "host_signals", ["fpe-threads"]),
     case("the program's own SIGSEGV handler recovers", "host_signals", ["segv-caught"]),
     case("_exit from a signal handler", "host_signals", ["exit-handler"]),
+    case("a periodic SIGEV_THREAD timer whose function allocates", "host_signals", ["sigev-thread"]),
     # Every allocation sampled: most forks come while the main thread is inside the sampler,
     # holding its lock or unwinding; a child that ends inside a call says so on stderr. glibc
     # only: jemalloc's and tcmalloc's own fork handlers wait for their locks, which such a

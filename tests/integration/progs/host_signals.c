@@ -48,7 +48,11 @@
  *   fork-handler  a SIGALRM handler (interval timer, 300 us) forks, the child ends at once
  *                 with _exit(0) and the handler waits for it, while the main loop allocates:
  *                 100 times; prints how many children ended with 0 and exits 0. With every
- *                 allocation sampled, most forks come inside alloclens's sampler. */
+ *                 allocation sampled, most forks come inside alloclens's sampler.
+ *   sigev-thread  a periodic timer (1 ms) whose expiries run a function on the C library's
+ *                 helper thread (SIGEV_THREAD), which allocates, while main allocates for
+ *                 50 ms; prints whether the function ran and exits 0. The helper thread waits
+ *                 for the timer's signal with it blocked: unblocked, it ends the process. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -64,6 +68,7 @@
 #include <sys/select.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -159,6 +164,18 @@ static void on_alarm_fork(int sig)
         forks_ok++;
     forks++;
     errno = saved;
+}
+
+static atomic_int notified;
+
+static void on_timer_thread(union sigval v)
+{
+    (void)v;
+    char *p = malloc(100);
+    if (p)
+        p[0] = 1;
+    free(p);
+    atomic_fetch_add(&notified, 1);
 }
 
 static void on_usr1_exit(int sig)
@@ -672,6 +689,29 @@ int main(int argc, char **argv)
             keep[i] = malloc(64 << 10);
         printf("sigchld: %d blocks of 64 KiB kept\n", (int)(sizeof keep / sizeof keep[0]));
         return keep[255] ? 0 : 1;
+    }
+    if (!strcmp(mode, "sigev-thread")) {
+        struct sigevent se;
+        memset(&se, 0, sizeof se);
+        se.sigev_notify = SIGEV_THREAD;
+        se.sigev_notify_function = on_timer_thread;
+        timer_t timer;
+        if (timer_create(CLOCK_MONOTONIC, &se, &timer) != 0) {
+            perror("timer_create");
+            return 1;
+        }
+        struct itimerspec every = { { 0, 1000000 }, { 0, 1000000 } };
+        timer_settime(timer, 0, &every, NULL);
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int i = 0;
+        do {
+            churn_once(i++);
+            clock_gettime(CLOCK_MONOTONIC, &t);
+        } while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 50000000L);
+        timer_delete(timer);
+        printf("sigev-thread: the timer's function ran: %s\n", atomic_load(&notified) > 0 ? "yes" : "no");
+        return 0;
     }
     if (!strcmp(mode, "fork-handler")) {
         install(SIGALRM, on_alarm_fork, SA_RESTART);
