@@ -131,10 +131,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL)) {                                         \
-            void *r = _al_real.sym args;                                               \
-            if (AL_UNLIKELY(_al_thread_nested_alloc(r)))                               \
-                r = _al_own_alloc((size), (align));                                    \
-            return r;                                                                  \
+            void *r = _al_thread_exit_entry((size), (align));                          \
+            return AL_LIKELY(r == NULL) ? _al_real.sym args : r;                       \
         }                                                                              \
         return _al_bootstrap_alloc(size);                                              \
     }                                                                                  \
@@ -237,10 +235,8 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return; /* the process is ending: kept, not handed back */                 \
-        if (AL_UNLIKELY(!_al_tls && _al_thread_exit_entry_free(p))) {                  \
-            _al_real.sym args; /* ours, not the program's: see thread.c */             \
-            return;                                                                    \
-        }                                                                              \
+        if (AL_UNLIKELY(!_al_tls && _al_thread_exit_entry_free(p)))                    \
+            return; /* ours, not the allocator's: see thread.c */                      \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t && _al_hot.timed)                                                        \
             timed_##sym(AL_STRIP(args), t);                                            \

@@ -195,6 +195,8 @@ struct al_clock_pair _al_tsc_start(void);
 /* ---- mem.c: the profiler's own memory, from mmap only -------------------------------------- */
 
 void *_al_mem_map(size_t size);   /* zeroed, page-granular; NULL on failure */
+/* qsort's contract (stable), with no call to the allocator (sort.c). */
+void _al_sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *));
 void _al_mem_unmap(void *p, size_t size);
 void *_al_mem_alloc(size_t size); /* small, zeroed, never freed; lock-free bump arena */
 size_t _al_mem_footprint(void);   /* bytes the profiler holds mapped */
@@ -563,10 +565,11 @@ AL_INLINE void _al_unbusy(struct al_thread *t)
 }
 
 struct al_thread *_al_thread_attach(void); /* creates this thread's state; busy is set */
-/* An allocation forwarded uncounted, nested in one of our calls: noted where it is the thread's
- * exit-callback entry; true where that entry failed and must come from the bootstrap pool.
+/* An allocation nested in one of our calls, of SIZE bytes aligned to ALIGN (0: malloc's): the
+ * thread's exit-callback entry, from memory of our own, where it is the one the C library
+ * asks for while the callback is registered; NULL for any other (the allocator serves it).
  * Whether a free of P, made with no state, is the C library's free of that entry (true once). */
-bool _al_thread_nested_alloc(void *p);
+void *_al_thread_exit_entry(size_t size, size_t align);
 bool _al_thread_exit_entry_free(const void *p);
 void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */

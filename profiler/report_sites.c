@@ -30,7 +30,7 @@ static void frame_text(char *out, size_t cap, uintptr_t pc)
 
 /* ---- ranking ------------------------------------------------------------------------------- */
 
-/* Comparators for qsort over site pointers: the largest FIELD first. */
+/* Comparators for _al_sort over site pointers: the largest FIELD first. */
 #define BY(name, field)                                                                    \
     static int name(const void *a, const void *b)                                          \
     {                                                                                      \
@@ -52,7 +52,7 @@ static struct al_site **ranked(int (*cmp)(const void *, const void *), uint32_t 
         return NULL;
     for (uint32_t i = 0; i < *n; i++)
         r[i] = _al_site(i);
-    qsort(r, *n, sizeof *r, cmp);
+    _al_sort(r, *n, sizeof *r, cmp);
     return r;
 }
 

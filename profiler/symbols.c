@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <link.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -65,7 +66,7 @@ static bool collect_frames(void)
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
         for (uint32_t f = 0; f < _al_site(i)->nframes; f++)
             sym.e[sym.n++].pc = _al_site(i)->frames[f];
-    qsort(sym.e, sym.n, sizeof *sym.e, cmp_pc);
+    _al_sort(sym.e, sym.n, sizeof *sym.e, cmp_pc);
     size_t k = 0;
     for (size_t i = 0; i < sym.n; i++)
         if (k == 0 || sym.e[k - 1].pc != sym.e[i].pc)
@@ -153,9 +154,17 @@ static int run_helper(const char *path, int in, int out)
     sigemptyset(&none);
     char *argv[] = { (char *)path, NULL };
     pid_t pid = -1;
+    /* The actions' room is ours, as the public fields of the type allow: the C library's would
+     * come from the program's allocator, a realloc per action, and a report made by exit()
+     * in a signal handler that interrupted that allocator holding its lock waited for it for
+     * ever (jemalloc, a helper's stress run). Each action takes a few dozen bytes; so never
+     * destroyed, which would free the room. */
+    static _Alignas(64) char action_room[1024];
     int e = posix_spawn_file_actions_init(&fa);
-    if (e == 0 && (e = posix_spawnattr_init(&attr)) != 0)
-        posix_spawn_file_actions_destroy(&fa);
+    fa.__actions = (void *)action_room;
+    fa.__allocated = (int)(sizeof action_room / 64);
+    if (e == 0)
+        e = posix_spawnattr_init(&attr);
     if (e == 0) {
         if ((e = posix_spawn_file_actions_adddup2(&fa, in, 0)) == 0 &&
             (e = posix_spawn_file_actions_adddup2(&fa, out, 1)) == 0 &&
@@ -164,7 +173,6 @@ static int run_helper(const char *path, int in, int out)
             (e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK)) == 0)
             e = spawn ? spawn(&pid, path, &fa, &attr, argv, env) : ENOSYS;
         posix_spawnattr_destroy(&attr);
-        posix_spawn_file_actions_destroy(&fa);
     }
     _al_mem_unmap(env, env_bytes);
     if (e != 0) {
@@ -320,10 +328,22 @@ done:
 
 /* ---- the API ------------------------------------------------------------------------------- */
 
+static int is_cxx_runtime(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    (void)data;
+    return info->dlpi_name && strstr(info->dlpi_name, "libstdc++") != NULL;
+}
+
 void _al_symbols_begin(bool full)
 {
     sym.full = full;
-    demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    /* Looked up only where the C++ runtime is loaded: a lookup that fails makes its error
+     * message with the program's malloc, which a report made by exit() in a signal handler
+     * that interrupted the allocator may find locked. */
+    demangle = dl_iterate_phdr(is_cxx_runtime, NULL)
+                   ? (char *(*)(const char *, char *, size_t *, int *))dlsym(RTLD_DEFAULT, "__cxa_demangle")
+                   : NULL;
     table_free();
     sym.why[0] = '\0';
     if (full)

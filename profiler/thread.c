@@ -184,21 +184,24 @@ static int live_threads_add(int d)
 static __thread bool exited __attribute__((tls_model("initial-exec")));
 
 /* The exit callback's list entry: the C library allocates it while the callback is
- * registered (the thread busy, so uncounted) and frees it right after the callback returns,
- * with no state left here. That free is not the program's either: it is known by the entry's
- * address, taken from the one allocation made while registering. Where the allocator has
- * nothing left to give (an address-space limit the program runs into), the C library would
- * end the process over it: the entry then comes from the bootstrap pool, whose frees are
- * dropped. */
+ * registered and frees it right after the callback returns, with no state left here. Neither
+ * call is the program's, and neither goes to the allocator: the entry is a thread-local of
+ * ours, known at its free by its address. The allocator's, it made the main thread's exit()
+ * call the allocator where the program did not: from a signal handler that interrupted the
+ * allocator holding its lock, that free waited for the lock for ever (a helper's stress run,
+ * jemalloc); and where the allocator had nothing left to give (an address-space limit the
+ * program runs into), the C library ended the process over it. */
 static __thread bool registering __attribute__((tls_model("initial-exec")));
 static __thread void *entry __attribute__((tls_model("initial-exec")));
+static __thread _Alignas(16) char entry_room[64] __attribute__((tls_model("initial-exec")));
 
-bool _al_thread_nested_alloc(void *p)
+void *_al_thread_exit_entry(size_t size, size_t align)
 {
-    if (AL_LIKELY(!registering) || entry)
-        return false;
-    entry = p;
-    return p == NULL;
+    if (AL_LIKELY(!registering) || entry || size > sizeof entry_room || align > 16)
+        return NULL;
+    memset(entry_room, 0, sizeof entry_room); /* calloc's, as the C library asks */
+    entry = entry_room;
+    return entry;
 }
 
 bool _al_thread_exit_entry_free(const void *p)

@@ -471,6 +471,38 @@ def check_signal_in_allocator(tap, shim, leaf):
         signal_in_allocator(tap, shim, leaf, how, sig)
 
 
+def check_exit_in_handler(tap, shim, prog):
+    """A SIGUSR1 handler that calls exit(6), raised inside malloc while the allocator holds a
+    lock of its own (host_raise_in_malloc, HOST_RAISE_HOW=locked): the report, made at that
+    exit with sampled sites to name, must not call the allocator (it would wait on that lock
+    for ever; the shim ends the process with 99 instead and says so)."""
+    argv = [prog, "exit-in-handler"]
+    env = dict(clean_env(), HOST_RAISE_AT="3000", HOST_RAISE_SIGNAL=str(int(signal.SIGUSR1)),
+               HOST_RAISE_HOW="locked")
+    plain = subprocess.run(argv, env=dict(env, LD_PRELOAD=shim), capture_output=True, timeout=TIMEOUT)
+    for mode in ("full", "time", "sample"):
+        desc = f"exit() from a handler raised inside a locked malloc, --mode {mode}"
+        tmp = altest.tmpdir()
+        out = os.path.join(tmp, "r.json")
+        try:
+            prof = subprocess.run(argv, env=dict(env, LD_PRELOAD=f"{SO}:{shim}", ALLOCLENS_OUTPUT=out,
+                                                 ALLOCLENS_TEXT="off", ALLOCLENS_MODE=mode,
+                                                 ALLOCLENS_SAMPLE_RATE="4096"),
+                                  capture_output=True, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            tap.ok(False, f"{desc}: exits 6, output as plain", f"hung for {TIMEOUT} s")
+            continue
+        tap.ok(plain.returncode == prof.returncode == 6 and plain.stdout == prof.stdout,
+               f"{desc}: exits 6, output as plain",
+               f"plain {status_text(plain.returncode)}, alloclens {status_text(prof.returncode)}\n"
+               f"{prof.stderr.decode(errors='replace')[-1000:]}")
+        main, err = load(out)
+        tap.ok(main is not None and main["program"].get("exit_status") == 6
+               and main["sites"].get("sites", 0) > 0,
+               f"{desc}: the report, with its sampled sites", err or str(main["program"]))
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def signal_in_allocator(tap, shim, leaf, how, sig):
     argv = [leaf, "0", "5000"]
     env = dict(clean_env(), HOST_RAISE_AT="2000", HOST_RAISE_SIGNAL=str(int(sig)), HOST_RAISE_HOW=how)
@@ -547,6 +579,7 @@ def main():
             else:
                 tap.diag(f"reports kept in {tmp}")
     check_signal_in_allocator(tap, shim, progs["host_leaf"])
+    check_exit_in_handler(tap, shim, progs["host_signals"])
     slow = sorted(((t[1], t[0], a, c["label"]) for c in CASES
                    for a, t in c.get("times", {}).items()),
                   reverse=True)[:5]

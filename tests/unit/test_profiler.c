@@ -338,6 +338,46 @@ START_TEST(options_table_complete)
 }
 END_TEST
 
+struct keyed {
+    unsigned key, order;
+};
+
+static int by_key(const void *a, const void *b)
+{
+    unsigned x = ((const struct keyed *)a)->key, y = ((const struct keyed *)b)->key;
+    return x < y ? -1 : x > y;
+}
+
+/* _al_sort: sorted, stable (equal keys keep their order), every element kept; lengths around
+ * the merge passes' widths. */
+START_TEST(sort_stable)
+{
+    static const size_t lengths[] = { 0, 1, 2, 3, 7, 64, 65, 1000, 5003 };
+    static struct keyed v[5003];
+    for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+        size_t n = lengths[l];
+        uint64_t x = 12345;
+        unsigned long sum = 0;
+        for (size_t i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            v[i] = (struct keyed){ (unsigned)(x >> 33) % 97, (unsigned)i };
+            sum += v[i].key;
+        }
+        _al_sort(v, n, sizeof v[0], by_key);
+        unsigned long after = 0;
+        for (size_t i = 0; i < n; i++) {
+            after += v[i].key;
+            if (i > 0) {
+                ck_assert_uint_le(v[i - 1].key, v[i].key);
+                if (v[i - 1].key == v[i].key)
+                    ck_assert_uint_lt(v[i - 1].order, v[i].order);
+            }
+        }
+        ck_assert_uint_eq(after, sum);
+    }
+}
+END_TEST
+
 START_TEST(settings_garbage_defaults)
 {
     struct al_settings s;
@@ -813,6 +853,7 @@ int main(void)
     TCase *tc = tcase_create("profiler");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, hist_bucket_bounds);
+    tcase_add_test(tc, sort_stable);
     tcase_add_test(tc, sampler_tables_grow);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);

@@ -49,6 +49,8 @@
  *                 with _exit(0) and the handler waits for it, while the main loop allocates:
  *                 100 times; prints how many children ended with 0 and exits 0. With every
  *                 allocation sampled, most forks come inside alloclens's sampler.
+ *   exit-in-handler  a SIGUSR1 handler calls exit(6) (not async-signal-safe, and common);
+ *                 allocates until it comes (host_raise_in_malloc raises it inside malloc)
  *   sigev-thread  a periodic timer (1 ms) whose expiries run a function on the C library's
  *                 helper thread (SIGEV_THREAD), which allocates, while main allocates for
  *                 50 ms; prints whether the function ran and exits 0. The helper thread waits
@@ -176,6 +178,12 @@ static void on_timer_thread(union sigval v)
         p[0] = 1;
     free(p);
     atomic_fetch_add(&notified, 1);
+}
+
+static void on_usr1_exit_atexit(int sig)
+{
+    (void)sig;
+    exit(6);
 }
 
 static void on_usr1_exit(int sig)
@@ -689,6 +697,14 @@ int main(int argc, char **argv)
             keep[i] = malloc(64 << 10);
         printf("sigchld: %d blocks of 64 KiB kept\n", (int)(sizeof keep / sizeof keep[0]));
         return keep[255] ? 0 : 1;
+    }
+    if (!strcmp(mode, "exit-in-handler")) {
+        install(SIGUSR1, on_usr1_exit_atexit, SA_RESTART);
+        printf("exit-in-handler: the SIGUSR1 handler will exit(6)\n");
+        fflush(stdout);
+        for (int i = 0; i < 1000000; i++)
+            churn_once(i);
+        return 1;
     }
     if (!strcmp(mode, "sigev-thread")) {
         struct sigevent se;
