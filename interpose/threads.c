@@ -54,6 +54,7 @@ static void *trampoline(void *p)
     void *(*fn)(void *) = s->fn;
     void *arg = s->arg;
     start_put(s);
+    _al_thread_announced();
     struct al_thread *t = _al_tls ? _al_tls : _al_enter_slow();
     if (t) {
         _al_thread_started(t);

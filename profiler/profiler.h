@@ -573,6 +573,7 @@ void *_al_thread_exit_entry(size_t size, size_t align);
 bool _al_thread_exit_entry_free(const void *p);
 void _al_thread_measure_init(struct al_thread *t); /* syscall dispatch and event counting */
 void _al_thread_spawning(void);            /* pthread_create is about to start a thread */
+void _al_thread_announced(void);           /* ... which runs: counted already */
 void _al_thread_spawn_failed(void);
 void _al_thread_started(struct al_thread *t);
 /* Puts back OLD, a mask pthread_sigmask returned, exactly (log.c): the C library's own

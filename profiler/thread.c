@@ -339,6 +339,27 @@ static struct al_thread *take_spare(void)
     return t;
 }
 
+/* Set on a thread pthread_create started, by its first instructions (interpose/threads.c),
+ * which counted it already. Threads the C library starts itself (a SIGEV_THREAD timer's
+ * helper and the threads it starts per expiry, by internal calls past the interposed
+ * pthread_create) are counted when they first allocate: before, they were missing from the
+ * report's thread counts, and their calls counted as the serial phase's. */
+static __thread bool announced __attribute__((tls_model("initial-exec")));
+
+void _al_thread_announced(void)
+{
+    announced = true;
+}
+
+/* Lock held: one more thread live (of the ones started since the report's counts began). */
+static void thread_born(void)
+{
+    int before = live_threads_add(1);
+    reg.total++;
+    if ((uint64_t)before + 1 > reg.max_live)
+        reg.max_live = (uint64_t)before + 1;
+}
+
 struct al_thread *_al_thread_attach(void)
 {
     struct al_thread *t = take_spare();
@@ -360,9 +381,14 @@ struct al_thread *_al_thread_attach(void)
     _al_thread_measure_init(t);
     _al_tls = t;
     pid_t late = exited ? gettid() : 0;
+    bool unseen = !exited && !announced && gettid() != getpid();
     lock();
     t->late_tid = late;
     reg.nlate += late != 0;
+    if (unseen) {
+        thread_born();
+        t->spawned = 1;
+    }
     t->next = reg.live;
     reg.live = t;
     unlock();
@@ -380,10 +406,7 @@ struct al_thread *_al_thread_attach(void)
 void _al_thread_spawning(void)
 {
     lock();
-    int before = live_threads_add(1);
-    reg.total++;
-    if ((uint64_t)before + 1 > reg.max_live)
-        reg.max_live = (uint64_t)before + 1;
+    thread_born();
     unlock();
 }
 
