@@ -233,10 +233,10 @@ static inline void al_busy_cleanup(struct al_thread **t)
     }                                                                                  \
     static AL_NOINLINE void slow_##sym params                                          \
     {                                                                                  \
-        if (AL_UNLIKELY(_al_own_memory))                                               \
-            return; /* the process is ending: kept, not handed back */                 \
         if (AL_UNLIKELY(!_al_tls && _al_thread_exit_entry_free(p)))                    \
             return; /* ours, not the allocator's: see thread.c */                      \
+        if (AL_UNLIKELY(_al_own_memory))                                               \
+            return; /* the process is ending: kept, not handed back */                 \
         struct al_thread *t = _al_enter_slow();                                        \
         if (t && _al_hot.timed)                                                        \
             timed_##sym(AL_STRIP(args), t);                                            \

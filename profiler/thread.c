@@ -194,6 +194,10 @@ static __thread bool exited __attribute__((tls_model("initial-exec")));
 static __thread bool registering __attribute__((tls_model("initial-exec")));
 static __thread void *entry __attribute__((tls_model("initial-exec")));
 static __thread _Alignas(16) char entry_room[64] __attribute__((tls_model("initial-exec")));
+/* From the callback's end to the entry's free, right after it, signals are blocked: a handler
+ * that allocated in between would give the thread a state again, and the entry's free would
+ * then take the path to the allocator, which never gave it. */
+static __thread sigset_t entry_mask;
 
 void *_al_thread_exit_entry(size_t size, size_t align)
 {
@@ -209,6 +213,7 @@ bool _al_thread_exit_entry_free(const void *p)
     if (!p || p != entry)
         return false;
     entry = NULL;
+    _al_signals_restore(&entry_mask);
     return true;
 }
 
@@ -259,6 +264,11 @@ static void thread_exit(void *arg)
     unlock();
     /* Calls this thread still makes (later TLS destructors) start a fresh state, not
      * registered again (see exited). */
+    if (entry == entry_room) {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &entry_mask);
+    }
     _al_tls = NULL;
 }
 
