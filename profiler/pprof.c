@@ -2,8 +2,8 @@
  * gzipped, laid out as Go's heap profiles are so `go tool pprof` reads it.
  *
  * This runs inside the profiled process, in front of the allocator being measured: the encoder
- * calls no malloc (reading build ids goes through elfutils, which does, uncounted, as the
- * symbolizer in report_sites.c does). The message is encoded by hand into mmap'd buffers (struct al_buf), strings,
+ * calls no malloc (build ids are read from the loaded objects' notes in memory; elfutils, which
+ * allocates, only reads a file some code mapped executable by hand). The message is encoded by hand into mmap'd buffers (struct al_buf), strings,
  * functions and locations are deduplicated through open-addressing tables in mmap'd memory, and
  * zlib allocates from an mmap'd bump region given back at the end. Stack use stays small (the
  * report may be written on a PTHREAD_STACK_MIN stack).
@@ -15,6 +15,7 @@
 #include <gelf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -654,10 +655,75 @@ static size_t gnu_build_id(Elf *elf, const unsigned char **id)
     return n;
 }
 
+static int to_hex(const unsigned char *id, size_t n, char *hex, size_t cap)
+{
+    static const char digits[] = "0123456789abcdef";
+    if (cap < n * 2 + 1)
+        return -ERANGE;
+    for (size_t i = 0; i < n; i++) {
+        hex[2 * i] = digits[id[i] >> 4];
+        hex[2 * i + 1] = digits[id[i] & 15];
+    }
+    hex[n * 2] = '\0';
+    return 0;
+}
+
+/* The NT_GNU_BUILD_ID note among the LEN bytes of notes at P, aligned to ALIGN, in memory. */
+static size_t mapped_note_build_id(const unsigned char *p, size_t len, size_t align, const unsigned char **id)
+{
+#define UP(x) (((x) + align - 1) & ~(align - 1))
+    for (size_t off = 0; off + sizeof(ElfW(Nhdr)) <= len;) {
+        const ElfW(Nhdr) *nh = (const void *)(p + off);
+        size_t name = off + sizeof *nh, desc = UP(name + nh->n_namesz), next = UP(desc + nh->n_descsz);
+        if (next > len || next <= off)
+            break;
+        if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && !memcmp(p + name, "GNU", 4) && nh->n_descsz) {
+            *id = p + desc;
+            return nh->n_descsz;
+        }
+        off = next;
+    }
+    return 0;
+#undef UP
+}
+
+struct loaded_id {
+    uintptr_t addr;
+    const unsigned char *id;
+    size_t n;
+    bool found;
+};
+
+static int loaded_build_id(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    struct loaded_id *q = arg;
+    for (int i = 0; i < info->dlpi_phnum && !q->found; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        q->found = ph->p_type == PT_LOAD && q->addr >= lo && q->addr - lo < ph->p_memsz;
+    }
+    for (int i = 0; q->found && !q->n && i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_NOTE)
+            q->n = mapped_note_build_id((const unsigned char *)(info->dlpi_addr + ph->p_vaddr), ph->p_memsz,
+                                        ph->p_align == 8 ? 8 : 4, &q->id);
+    }
+    return q->found;
+}
+
+int _al_build_id_loaded(uintptr_t addr, char *hex, size_t cap)
+{
+    struct loaded_id q = { .addr = addr };
+    dl_iterate_phdr(loaded_build_id, &q);
+    if (!q.found)
+        return -ESRCH;
+    return q.n ? to_hex(q.id, q.n, hex, cap) : -ENOENT;
+}
+
 /* The NT_GNU_BUILD_ID note of an ELF file, as hex. */
 int _al_build_id(const char *file, char *hex, size_t cap)
 {
-    static const char digits[] = "0123456789abcdef";
     if (!file || !hex || !cap)
         return -EINVAL;
     hex[0] = '\0';
@@ -677,18 +743,7 @@ int _al_build_id(const char *file, char *hex, size_t cap)
     const unsigned char *id;
     if (elf && lib.elf_kind(elf) == ELF_K_ELF) {
         size_t n = gnu_build_id(elf, &id);
-        if (n == 0) {
-            r = -ENOENT;
-        } else if (cap < n * 2 + 1) {
-            r = -ERANGE;
-        } else {
-            for (size_t i = 0; i < n; i++) {
-                hex[2 * i] = digits[id[i] >> 4];
-                hex[2 * i + 1] = digits[id[i] & 15];
-            }
-            hex[n * 2] = '\0';
-            r = 0;
-        }
+        r = n == 0 ? -ENOENT : to_hex(id, n, hex, cap);
     }
     if (elf)
         lib.elf_end(elf);

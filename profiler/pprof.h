@@ -49,5 +49,10 @@ int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *er
 
 /* The GNU build id of an ELF file, as hex; 0 or a negative errno. */
 int _al_build_id(const char *file, char *hex, size_t cap);
+/* The same of the loaded object whose segments hold ADDR, read from its notes in memory: no
+ * file read, nothing allocated (libelf allocates, and the report that writes the profile may
+ * come from exit() in a handler that interrupted the allocator); -ESRCH where no loaded
+ * object holds ADDR. */
+int _al_build_id_loaded(uintptr_t addr, char *hex, size_t cap);
 
 #endif

@@ -1,6 +1,7 @@
 /* The sites section of the report: the sampled call sites ranked by live bytes at the peak,
  * by internal fragmentation and by bytes allocated, their frames named after the run (never
  * on the hot path, see symbols.c); and the same sites as a pprof heap profile. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +232,10 @@ static bool add_mapping(const struct al_map *map, void *arg)
     m->limit = map->hi;
     m->offset = map->offset;
     m->file = mp->names[mp->n];
-    m->build_id = _al_build_id(m->file, mp->ids[mp->n], sizeof mp->ids[0]) == 0 ? mp->ids[mp->n] : NULL;
+    int r = _al_build_id_loaded(map->lo, mp->ids[mp->n], sizeof mp->ids[0]);
+    if (r == -ESRCH) /* a file mapped executable by hand: read from the file */
+        r = _al_build_id(m->file, mp->ids[mp->n], sizeof mp->ids[0]);
+    m->build_id = r == 0 ? mp->ids[mp->n] : NULL;
     return ++mp->n == 256;
 }
 

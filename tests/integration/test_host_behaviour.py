@@ -486,7 +486,7 @@ def check_signal_in_allocator(tap, shim, leaf):
 def check_exit_in_handler(tap, shim, prog):
     """A SIGUSR1 handler that calls exit(6), raised inside malloc while the allocator holds a
     lock of its own (host_raise_in_malloc, HOST_RAISE_HOW=locked): the report, made at that
-    exit with sampled sites to name, must not call the allocator (it would wait on that lock
+    exit with sampled sites to name and a pprof profile to write, must not call the allocator (it would wait on that lock
     for ever; the shim ends the process with 99 instead and says so)."""
     argv = [prog, "exit-in-handler"]
     env = dict(clean_env(), HOST_RAISE_AT="3000", HOST_RAISE_SIGNAL=str(int(signal.SIGUSR1)),
@@ -499,7 +499,8 @@ def check_exit_in_handler(tap, shim, prog):
         try:
             prof = subprocess.run(argv, env=dict(env, LD_PRELOAD=f"{SO}:{shim}", ALLOCLENS_OUTPUT=out,
                                                  ALLOCLENS_TEXT="off", ALLOCLENS_MODE=mode,
-                                                 ALLOCLENS_SAMPLE_RATE="4096"),
+                                                 ALLOCLENS_SAMPLE_RATE="4096",
+                                                 ALLOCLENS_PPROF=os.path.join(tmp, "r.pb.gz")),
                                   capture_output=True, timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
             tap.ok(False, f"{desc}: exits 6, output as plain", f"hung for {TIMEOUT} s")
@@ -509,9 +510,11 @@ def check_exit_in_handler(tap, shim, prog):
                f"plain {status_text(plain.returncode)}, alloclens {status_text(prof.returncode)}\n"
                f"{prof.stderr.decode(errors='replace')[-1000:]}")
         main, err = load(out)
+        pprof = os.path.join(tmp, "r.pb.gz")
         tap.ok(main is not None and main["program"].get("exit_status") == 6
-               and main["sites"].get("sites", 0) > 0,
-               f"{desc}: the report, with its sampled sites", err or str(main["program"]))
+               and main["sites"].get("sites", 0) > 0 and os.path.exists(pprof) and os.path.getsize(pprof) > 0,
+               f"{desc}: the report, with its sampled sites, and the pprof profile",
+               err or f"{main['program']}; {pprof} exists: {os.path.exists(pprof)}")
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -4,6 +4,7 @@
 #include <check.h>
 
 #include "check_main.h"
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
@@ -835,6 +836,32 @@ START_TEST(build_ids)
 }
 END_TEST
 
+/* The loaded objects' ids, read in memory: the same as their files', and with no allocation
+ * (the report may be made where the allocator must not be called). */
+START_TEST(build_ids_loaded)
+{
+    char file[128], mem[128];
+    ck_assert_int_eq(_al_build_id("/proc/self/exe", file, sizeof file), 0);
+    alloc_calls = 0;
+    watching = 1;
+    int r = _al_build_id_loaded((uintptr_t)&build_ids_loaded, mem, sizeof mem);
+    watching = 0;
+    ck_assert_int_eq(r, 0);
+    ck_assert_str_eq(mem, file);
+    ck_assert_uint_eq(alloc_calls, 0);
+
+    Dl_info info;
+    ck_assert(dladdr((void *)&strlen, &info) && info.dli_fname);
+    ck_assert_int_eq(_al_build_id(info.dli_fname, file, sizeof file), 0);
+    ck_assert_int_eq(_al_build_id_loaded((uintptr_t)info.dli_fbase + 4096 * 4, mem, sizeof mem), 0);
+    ck_assert_str_eq(mem, file);
+
+    ck_assert_int_eq(_al_build_id_loaded(16, mem, sizeof mem), -ESRCH);
+    char small[8];
+    ck_assert_int_eq(_al_build_id_loaded((uintptr_t)&build_ids_loaded, small, sizeof small), -ERANGE);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("pprof");
@@ -847,6 +874,7 @@ int main(void)
     tcase_add_test(tc, empty_profile_and_bad_paths);
     tcase_add_test(tc, go_tool_pprof_reads_it);
     tcase_add_test(tc, build_ids);
+    tcase_add_test(tc, build_ids_loaded);
     suite_add_tcase(s, tc);
     return al_check_run(s);
 }
