@@ -128,10 +128,45 @@ void _al_buf_printf(struct al_buf *b, const char *fmt, ...)
     b->len += (size_t)n;
 }
 
+/* The length of the well-formed UTF-8 sequence at P, whose first byte is 0x80 or more; 0 where
+ * it is none (a stray byte, overlong, a surrogate, past U+10FFFF, cut short). */
+static size_t utf8_len(const unsigned char *p)
+{
+    size_t n;
+    uint32_t cp, min;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf)
+        n = 2, cp = p[0] & 0x1f, min = 0x80;
+    else if (p[0] >= 0xe0 && p[0] <= 0xef)
+        n = 3, cp = p[0] & 0x0f, min = 0x800;
+    else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+        n = 4, cp = p[0] & 0x07, min = 0x10000;
+    else
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) /* the string's NUL included */
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : n;
+}
+
+/* A JSON string is UTF-8: bytes of a path or argument that are not (a Latin-1 file name, say)
+ * become U+FFFD, as JSON readers that replace them show them; before, such a report did not
+ * parse. */
 void _al_buf_json_str(struct al_buf *b, const char *s)
 {
     _al_buf_putn(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p >= 0x80) {
+            size_t n = utf8_len(p);
+            if (n) {
+                _al_buf_putn(b, (const char *)p, n);
+                p += n - 1;
+            } else {
+                _al_buf_putn(b, "\\ufffd", 6);
+            }
+            continue;
+        }
         switch (*p) {
         case '"': _al_buf_putn(b, "\\\"", 2); break;
         case '\\': _al_buf_putn(b, "\\\\", 2); break;

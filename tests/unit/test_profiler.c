@@ -438,6 +438,11 @@ START_TEST(buf_json_escaping)
     struct al_buf b = { 0 };
     _al_buf_json_str(&b, "a\"b\\c\n\t\x01z");
     ck_assert_str_eq(b.data, "\"a\\\"b\\\\c\\n\\t\\u0001z\"");
+    _al_buf_free(&b);
+    /* UTF-8 kept; bytes that are not (stray, overlong, a surrogate, cut short) become U+FFFD. */
+    _al_buf_json_str(&b, "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|\xff\xc0\xaf|\xed\xa0\x80|\xe2\x82");
+    ck_assert_str_eq(b.data, "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|\\ufffd\\ufffd\\ufffd|"
+                             "\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd\"");
     for (int i = 0; i < 100000; i++)
         _al_buf_printf(&b, "%d,", i);
     ck_assert(!b.failed);
