@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -156,6 +157,32 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
     return e == ENOENT ? 127 : 126;
 }
 
+/* Two reports asked into one file would leave only the one written last: said at once. The
+ * paths are absolute by now (set_value); a file that is there is also compared by identity,
+ * so that another name of it (a link) is seen too. Devices and FIFOs may take both. */
+static int same_report_paths(void)
+{
+    static const enum al_opt_id ids[] = { AL_OPT_OUTPUT, AL_OPT_TEXT, AL_OPT_PPROF };
+    const size_t n = sizeof ids / sizeof ids[0];
+    for (size_t a = 0; a < n; a++) {
+        for (size_t b = a + 1; b < n; b++) {
+            const char *x = getenv(_al_options[ids[a]].env), *y = getenv(_al_options[ids[b]].env);
+            if (!x || !y || x[0] != '/' || y[0] != '/')
+                continue;
+            struct stat sx, sy;
+            bool there = stat(x, &sx) == 0 && stat(y, &sy) == 0;
+            if (there && !S_ISREG(sx.st_mode))
+                continue;
+            if (strcmp(x, y) == 0 || (there && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino)) {
+                fprintf(stderr, "alloclens: --%s and --%s name the same file (%s): one report would "
+                        "overwrite the other\n", _al_options[ids[a]].name, _al_options[ids[b]].name, y);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
 int _al_cli_cmd_run(int argc, char **argv)
 {
     const char *alloc_arg = "glibc";
@@ -209,6 +236,8 @@ int _al_cli_cmd_run(int argc, char **argv)
         fprintf(stderr, "alloclens: no command to run (usage: alloclens run [options] -- CMD [ARGS...])\n");
         return 2;
     }
+    if (same_report_paths() < 0)
+        return 2;
     struct al_found_allocator alloc;
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0)
         return 2;

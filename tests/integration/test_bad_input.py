@@ -229,6 +229,12 @@ def test_unwritable_paths(tap):
             p = run([altest.cli(), "run", opt, path, "--", *touch])
             one_line(tap, desc, p, path, status=2)
             tap.ok(not os.path.exists(marker), f"{desc}: the command is not run", show(p))
+    # Two reports into one file: one would overwrite the other.
+    same = os.path.join(tmp, "same.out")
+    desc = "alloclens run -o and --text the same file"
+    p = run([altest.cli(), "run", "-o", same, "--text", same, "--", *touch])
+    one_line(tap, desc, p, "--output", "--text", same, status=2)
+    tap.ok(not os.path.exists(marker), f"{desc}: the command is not run", show(p))
 
     for path, what in [("/nonexistent/dir/r.json", "in a missing directory"),
                        (tmp, "a directory")]:
