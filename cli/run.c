@@ -150,6 +150,12 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
     char pid[24];
     snprintf(pid, sizeof pid, "%d", (int)getpid());
     setenv(_al_options[AL_OPT_MAIN_PID].env, pid, 1);
+    /* The stderr the text report is for, whatever the program later puts on fd 2 and execs. */
+    struct stat st;
+    char id[64] = "closed";
+    if (fstat(STDERR_FILENO, &st) == 0)
+        snprintf(id, sizeof id, "%llu:%llu", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    setenv(_al_options[AL_OPT_STDERR].env, id, 1);
     resolve_events_ahead();
     execvp(cmd[0], cmd);
     int e = errno;

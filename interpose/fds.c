@@ -1,5 +1,6 @@
 /* pipe2, open, read and close, for the one caller that is ours: libunwind, while the sampler
- * unwinds (_al_fds_ours); close and fclose also for fd 2, where the text report is to go.
+ * unwinds (_al_fds_ours); close, fclose, dup2 and dup3 also for fd 2, where the text report
+ * is to go (a shell's `exec 2>log` is a dup2 onto it).
  * Every other call goes straight through.
  *
  * libunwind makes a pipe on its first look at memory (it checks an address is readable by
@@ -27,6 +28,8 @@ static int (*real_open)(const char *, int, ...);
 static ssize_t (*real_read)(int, void *, size_t);
 static int (*real_close)(int);
 static int (*real_fclose)(FILE *);
+static int (*real_dup2)(int, int);
+static int (*real_dup3)(int, int, int);
 
 void _al_fds_resolve(void)
 {
@@ -35,6 +38,8 @@ void _al_fds_resolve(void)
     real_read = (__typeof__(real_read))dlsym(RTLD_NEXT, "read");
     real_close = (__typeof__(real_close))dlsym(RTLD_NEXT, "close");
     real_fclose = (__typeof__(real_fclose))dlsym(RTLD_NEXT, "fclose");
+    real_dup2 = (__typeof__(real_dup2))dlsym(RTLD_NEXT, "dup2");
+    real_dup3 = (__typeof__(real_dup3))dlsym(RTLD_NEXT, "dup3");
 }
 
 /* The descriptors libunwind made while we unwound, as moved up, each + 1 (0: a free slot).
@@ -136,4 +141,19 @@ AL_EXPORT int fclose(FILE *f)
     if (AL_UNLIKELY(f && fileno_unlocked(f) == STDERR_FILENO))
         _al_report_stderr_closing();
     return real_fclose(f);
+}
+
+/* Another file put on fd 2 closes the stderr that was there. */
+AL_EXPORT int dup2(int fd, int to)
+{
+    if (AL_UNLIKELY(to == STDERR_FILENO && fd != to))
+        _al_report_stderr_closing();
+    return real_dup2 ? real_dup2(fd, to) : (int)syscall(SYS_dup2, fd, to);
+}
+
+AL_EXPORT int dup3(int fd, int to, int flags)
+{
+    if (AL_UNLIKELY(to == STDERR_FILENO && fd != to))
+        _al_report_stderr_closing();
+    return real_dup3 ? real_dup3(fd, to, flags) : (int)syscall(SYS_dup3, fd, to, flags);
 }

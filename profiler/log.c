@@ -28,14 +28,30 @@ static struct {
     int saved; /* the copy, or -1 */
 } stderr_start = { .saved = -1 };
 
-void _al_stderr_note(void)
+void _al_stderr_note(const char *run_stderr)
 {
+    stderr_start.known = true;
+    stderr_start.saved = -1;
+    /* Under `alloclens run`, the stderr it was started with: an image that a program which
+     * had put a file of its own on fd 2 then exec'd finds that file there at its start. */
+    unsigned long long dev, ino;
+    int end = 0;
+    if (run_stderr && strcmp(run_stderr, "closed") == 0) {
+        stderr_start.open = false;
+        return;
+    }
+    if (run_stderr && sscanf(run_stderr, "%llu:%llu%n", &dev, &ino, &end) == 2 && !run_stderr[end]) {
+        stderr_start.open = true;
+        stderr_start.dev = (dev_t)dev;
+        stderr_start.ino = (ino_t)ino;
+        return;
+    }
     struct stat st;
     stderr_start.open = fstat(STDERR_FILENO, &st) == 0;
     stderr_start.dev = st.st_dev;
     stderr_start.ino = st.st_ino;
-    stderr_start.known = true;
-    stderr_start.saved = -1;
+    if (run_stderr)
+        _al_log("ALLOCLENS_STDERR='%s' is not DEVICE:INODE; using this image's fd 2", run_stderr);
 }
 
 static bool is_start(int fd)

@@ -48,6 +48,10 @@ const struct al_option _al_options[AL_OPT_N] = {
     [AL_OPT_MAIN_PID] = { "main-pid", "ALLOCLENS_MAIN_PID", AL_OPT_INT, "0", 0, 1ll << 30,
         "pid whose report is the OUTPUT file itself (0: the first process that loads alloclens; "
         "set by 'alloclens run')", true },
+    [AL_OPT_STDERR] = { "stderr", "ALLOCLENS_STDERR", AL_OPT_STRING, "", 0, 0,
+        "the stderr 'alloclens run' was started with, as DEVICE:INODE ('closed': none): the human "
+        "report goes to fd 2 only while it is that file, in every image exec starts (set by "
+        "'alloclens run'; empty: each image's fd 2 as it starts)", true },
     [AL_OPT_EVENT_ATTRS] = { "event-attrs", "ALLOCLENS_EVENT_ATTRS", AL_OPT_STRING, "", 0, 0,
         "the events' perf_event_attr encodings, resolved once with libpfm4 so that profiled "
         "processes need not load it (set by 'alloclens run'; empty: each process resolves them)",
@@ -218,6 +222,7 @@ void _al_settings_load(struct al_settings *s)
                 _al_options[AL_OPT_MODE].env, mode);
     s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
     s->event_attrs = str_setting(s, AL_OPT_EVENT_ATTRS, AL_SETTING_STRING_MAX);
+    s->stderr_id = str_setting(s, AL_OPT_STDERR, 64);
     const char *preload = _al_env("LD_PRELOAD");
     s->under_valgrind = preload && strstr(preload, "/vgpreload_core-");
 }

@@ -278,7 +278,7 @@ int _al_write_all(int fd, const void *data, size_t len);
  * it is still that (or nothing was noted yet), else the copy kept as the program closed it
  * (report.c: whether one is due, and the copy), else -1: the program put a file of its own on
  * fd 2, and nothing of ours may go into it. A fork child drops the copy. */
-void _al_stderr_note(void);
+void _al_stderr_note(const char *run_stderr); /* the run's stderr, DEV:INO, or NULL */
 bool _al_stderr_copy_due(void);
 void _al_stderr_keep(int copy);
 void _al_stderr_after_fork_child(void);
@@ -328,6 +328,7 @@ enum al_opt_id {
     AL_OPT_ALLOCATOR,
     AL_OPT_MAIN_PID,
     AL_OPT_EVENT_ATTRS,
+    AL_OPT_STDERR,
     AL_OPT_N
 };
 
@@ -367,10 +368,11 @@ struct al_settings {
     const char *allocator;  /* the allocator the user asked for (path), or NULL */
     pid_t main_pid;         /* the process whose report is OUTPUT itself; 0: unknown */
     const char *event_attrs; /* the events' encodings, resolved by 'alloclens run', or NULL */
+    const char *stderr_id;  /* the run's stderr, DEV:INO or "closed" (set by 'alloclens run'), or NULL */
     bool under_valgrind;    /* its preload is in LD_PRELOAD: the program runs on its synthetic CPU */
     /* The string values, one after the other: a short program's settings touch one page of
      * this, not one each. Each has its own limit too (AL_SETTING_STRING_MAX, events less). */
-    char strings[6 * AL_SETTING_STRING_MAX + AL_SETTING_EVENTS_MAX]; /* six strings and the events */
+    char strings[7 * AL_SETTING_STRING_MAX + AL_SETTING_EVENTS_MAX]; /* seven strings and the events */
     size_t strings_used;
 };
 

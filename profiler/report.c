@@ -40,7 +40,7 @@ void _al_report_restart(int argc, char *const argv[])
     image_start = _al_tsc_pair_now();
     if (!argv)
         return; /* a forked child runs the same command line */
-    _al_stderr_note();
+    _al_stderr_note(_al_settings.stderr_id);
     /* As /proc/self/cmdline has it (NUL-terminated arguments), without opening it; the last
      * byte stays a NUL, as the writers expect of a long one cut short. */
     cmdline_len = 0;

@@ -360,6 +360,33 @@ def test_stderr_pipe_closed(tap):
     tap.ok(load(out) is not None, "text report to a stderr pipe nobody reads: JSON written")
 
 
+def test_stderr_replaced(tap):
+    """A program that puts a file of its own on fd 2 (a shell's `exec 2>>log`, a dup2): the text
+    report goes to the stderr `alloclens run` was started with, kept as the program replaced
+    it, never into the program's file; where the program then execs, into neither (the JSON
+    has it)."""
+    for label, script, status in [
+            ("exec 2>>log", 'exec 2>>log; echo own >&2; true', 0),
+            ("exec 2>>log, then exec", f'exec 2>>log; echo own >&2; exec {LEAF} 3 100', 3)]:
+        tmp = tmpdir()
+        desc = f"program's own stderr ({label})"
+        p = run([altest.cli(), "run", "-o", "r.json", "--", "bash", "-c", script], cwd=tmp)
+        with open(os.path.join(tmp, "log")) as f:
+            log = f.read()
+        report = None
+        try:
+            with open(os.path.join(tmp, "r.json")) as f:
+                report = json.load(f)
+        except (OSError, ValueError):
+            pass
+        tap.ok(p is not None and p.returncode == status and log == "own\n" and report is not None,
+               f"{desc}: the program's file holds only its own line; exit status, JSON report",
+               f"log {log[:300]!r}\n{show(p)}")
+        if status == 0:
+            tap.ok(p is not None and "== alloclens report, pid" in p.stderr,
+                   f"{desc}: the text report on the run's stderr", show(p))
+
+
 def test_file_size_limit(tap):
     """A report bigger than the program's file size limit (ulimit -f 8): the program's exit status
     and output are its own (the write's SIGXFSZ would have ended it), one line says the report
@@ -697,6 +724,7 @@ def main():
     test_bad_variables(tap)
     test_unwritable_paths(tap)
     test_stderr_pipe_closed(tap)
+    test_stderr_replaced(tap)
     test_file_size_limit(tap)
     test_allocators(tap)
     test_cli_usage(tap)
