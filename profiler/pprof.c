@@ -3,9 +3,10 @@
  *
  * This runs inside the profiled process, in front of the allocator being measured: the encoder
  * calls no malloc (build ids are read from the loaded objects' notes in memory; elfutils, which
- * allocates, only reads a file some code mapped executable by hand). The message is encoded by hand into mmap'd buffers (struct al_buf), strings,
- * functions and locations are deduplicated through open-addressing tables in mmap'd memory, and
- * zlib allocates from an mmap'd bump region given back at the end. Stack use stays small (the
+ * allocates, only reads a file some code mapped executable by hand). The message is encoded by
+ * hand into mmap'd buffers (struct al_buf), strings, functions and locations are deduplicated
+ * through open-addressing tables in mmap'd memory, and zlib allocates from an mmap'd bump
+ * region given back at the end. Stack use stays small (the
  * report may be written on a PTHREAD_STACK_MIN stack).
  *
  * zlib and libelf are opened (_al_pprof_libs_open) only in a process that writes a profile,

@@ -389,10 +389,10 @@ void _al_report_write(enum al_report_kind kind, bool has_status, int status)
     for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++)
         sigaddset(&ending, _al_ending_signals[i].sig);
     pthread_sigmask(SIG_BLOCK, &ending, &old);
-    /* Calls the C library makes for the report (few are left) are not the program's. write_report marks
-     * the thread's state busy; a thread with none (one that never allocated, or whose exit
-     * callback ran: exit() runs those before its handlers) gets none made for them, they are
-     * forwarded (_al_enter_slow). Counted, one sampled while the sites are made under the
+    /* Calls the C library makes for the report (few are left) are not the program's.
+     * write_report marks the thread's state busy; a thread with none (one that never
+     * allocated, or whose exit callback ran: exit() runs those before its handlers) gets none
+     * made for them, they are forwarded (_al_enter_slow). Counted, one sampled while the sites are made under the
      * sampler's lock would wait on it for ever. */
     _al_reporting = true;
     write_on_own_stack(kind, has_status, status);

@@ -267,6 +267,7 @@ static void thread_exit(void *arg)
     if (entry == entry_room) {
         sigset_t all;
         sigfillset(&all);
+        sigdelset(&all, SIGSYS); /* as the registry's lock: dispatch must be able to raise it */
         pthread_sigmask(SIG_BLOCK, &all, &entry_mask);
     }
     _al_tls = NULL;
