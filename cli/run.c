@@ -69,17 +69,11 @@ static const struct al_option *find_option(const char *name, size_t len)
 /* The report is opened by the program at exit, after it may have changed directory. */
 static int absolute_output(const char *path, char *out, size_t cap)
 {
-    if (path[0] == '/') {
-        snprintf(out, cap, "%s", path);
-    } else {
-        char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof cwd))
-            return -1;
-        if ((size_t)snprintf(out, cap, "%s/%s", cwd, path) >= cap) {
-            fprintf(stderr, "alloclens: report path %s is too long\n", path);
-            return -1;
-        }
-    }
+    int r = _al_path_absolute(path, out, cap);
+    if (r == -ENAMETOOLONG)
+        fprintf(stderr, "alloclens: report path %s is too long\n", path);
+    if (r < 0)
+        return -1;
     return _al_cli_check_writable(out, path, "the report");
 }
 

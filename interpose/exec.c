@@ -27,13 +27,13 @@ static struct {
 
 void _al_exec_resolve(void)
 {
-    next.execve = (execve_fn)dlsym(RTLD_NEXT, "execve");
-    next.execvpe = (execve_fn)dlsym(RTLD_NEXT, "execvpe");
-    next.execv = (execv_fn)dlsym(RTLD_NEXT, "execv");
-    next.execvp = (execv_fn)dlsym(RTLD_NEXT, "execvp");
-    next.fexecve = (fexecve_fn)dlsym(RTLD_NEXT, "fexecve");
-    next.posix_spawn = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawn");
-    next.posix_spawnp = (spawn_fn)dlsym(RTLD_NEXT, "posix_spawnp");
+    AL_NEXT(next.execve, "execve");
+    AL_NEXT(next.execvpe, "execvpe");
+    AL_NEXT(next.execv, "execv");
+    AL_NEXT(next.execvp, "execvp");
+    AL_NEXT(next.fexecve, "fexecve");
+    AL_NEXT(next.posix_spawn, "posix_spawn");
+    AL_NEXT(next.posix_spawnp, "posix_spawnp");
 }
 
 const void *_al_exec_real_posix_spawn(void)

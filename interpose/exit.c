@@ -25,8 +25,8 @@ static _Atomic int quick_exit_status;
 
 void _al_exit_resolve(void)
 {
-    next_exit = (__typeof__(next_exit))dlsym(RTLD_NEXT, "_exit");
-    next_quick_exit = (__typeof__(next_quick_exit))dlsym(RTLD_NEXT, "quick_exit");
+    AL_NEXT(next_exit, "_exit");
+    AL_NEXT(next_quick_exit, "quick_exit");
 }
 
 static void report_before_exit(int status)

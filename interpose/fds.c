@@ -33,13 +33,13 @@ static int (*real_dup3)(int, int, int);
 
 void _al_fds_resolve(void)
 {
-    real_pipe2 = (__typeof__(real_pipe2))dlsym(RTLD_NEXT, "pipe2");
-    real_open = (__typeof__(real_open))dlsym(RTLD_NEXT, "open");
-    real_read = (__typeof__(real_read))dlsym(RTLD_NEXT, "read");
-    real_close = (__typeof__(real_close))dlsym(RTLD_NEXT, "close");
-    real_fclose = (__typeof__(real_fclose))dlsym(RTLD_NEXT, "fclose");
-    real_dup2 = (__typeof__(real_dup2))dlsym(RTLD_NEXT, "dup2");
-    real_dup3 = (__typeof__(real_dup3))dlsym(RTLD_NEXT, "dup3");
+    AL_NEXT(real_pipe2, "pipe2");
+    AL_NEXT(real_open, "open");
+    AL_NEXT(real_read, "read");
+    AL_NEXT(real_close, "close");
+    AL_NEXT(real_fclose, "fclose");
+    AL_NEXT(real_dup2, "dup2");
+    AL_NEXT(real_dup3, "dup3");
 }
 
 /* The descriptors libunwind made while we unwound, as moved up, each + 1 (0: a free slot).
@@ -144,16 +144,20 @@ AL_EXPORT int fclose(FILE *f)
 }
 
 /* Another file put on fd 2 closes the stderr that was there. */
-AL_EXPORT int dup2(int fd, int to)
+static void duplicating(int fd, int to)
 {
     if (AL_UNLIKELY(to == STDERR_FILENO && fd != to))
         _al_report_stderr_closing();
+}
+
+AL_EXPORT int dup2(int fd, int to)
+{
+    duplicating(fd, to);
     return real_dup2 ? real_dup2(fd, to) : (int)syscall(SYS_dup2, fd, to);
 }
 
 AL_EXPORT int dup3(int fd, int to, int flags)
 {
-    if (AL_UNLIKELY(to == STDERR_FILENO && fd != to))
-        _al_report_stderr_closing();
+    duplicating(fd, to);
     return real_dup3 ? real_dup3(fd, to, flags) : (int)syscall(SYS_dup3, fd, to, flags);
 }

@@ -4,12 +4,17 @@
 #ifndef ALLOCLENS_INTERPOSE_H
 #define ALLOCLENS_INTERPOSE_H
 
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "profiler.h"
 
 #define AL_EXPORT __attribute__((visibility("default")))
+
+/* FN, a pointer of ours, set to the next definition of NAME after this library's (the C
+ * library's, or the allocator's), as FN's own type. */
+#define AL_NEXT(fn, name) ((fn) = (__typeof__(fn))dlsym(RTLD_NEXT, name))
 
 /* (size_t n) -> size_t n: lets a row's parameter list be spliced into a longer one. */
 #define AL_UNPAREN_(...) __VA_ARGS__

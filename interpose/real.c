@@ -111,7 +111,7 @@ static uintptr_t object_base(const void *fn)
     return _al_object_of(fn, &obj) ? obj.base : 0;
 }
 
-#define RESOLVE_NEXT(sym) _al_real.sym = (__typeof__(_al_real.sym))dlsym(RTLD_NEXT, #sym);
+#define RESOLVE_NEXT(sym) AL_NEXT(_al_real.sym, #sym);
 /* _al_next.sym is left NULL where the allocator has no SYM (only the allocator's own is taken
  * at start-up); next_cxx looks the C++ runtime's up if it is ever needed. */
 #define RESOLVE_OWN(sym)                                                                   \
@@ -127,14 +127,14 @@ static uintptr_t object_base(const void *fn)
 
 static int real_resolve(void)
 {
-    _al_real.malloc = (__typeof__(_al_real.malloc))dlsym(RTLD_NEXT, "malloc");
+    AL_NEXT(_al_real.malloc, "malloc");
     struct al_object allocator;
     if (!_al_object_of((const void *)_al_real.malloc, &allocator) || !allocator.base)
         return -ENOENT;
 #define AL_ENTRY(kind, op, sym, params, args, size, align, target) RESOLVE_##target(sym)
 #include "entries.def"
 #undef AL_ENTRY
-    _al_real.malloc_usable_size = (__typeof__(_al_real.malloc_usable_size))dlsym(RTLD_NEXT, "malloc_usable_size");
+    AL_NEXT(_al_real.malloc_usable_size, "malloc_usable_size");
     _al_exec_resolve();
     _al_exit_resolve();
     _al_threads_resolve();

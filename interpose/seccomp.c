@@ -15,8 +15,8 @@ static int (*real_prctl)(int, ...);
 
 void _al_seccomp_resolve(void)
 {
-    real_syscall = (__typeof__(real_syscall))dlsym(RTLD_NEXT, "syscall");
-    real_prctl = (__typeof__(real_prctl))dlsym(RTLD_NEXT, "prctl");
+    AL_NEXT(real_syscall, "syscall");
+    AL_NEXT(real_prctl, "prctl");
 }
 
 /* Both take their arguments as the C library's do: read as six words whatever the call, as

@@ -37,14 +37,14 @@ static _Atomic bool resolved_all;
 
 void _al_signal_compat_resolve(void)
 {
-    real_sigsuspend = (__typeof__(real_sigsuspend))dlsym(RTLD_NEXT, "sigsuspend");
-    real_pselect = (__typeof__(real_pselect))dlsym(RTLD_NEXT, "pselect");
-    real_ppoll = (__typeof__(real_ppoll))dlsym(RTLD_NEXT, "ppoll");
-    real_ppoll_chk = (__typeof__(real_ppoll_chk))dlsym(RTLD_NEXT, "__ppoll_chk");
-    real_epoll_pwait = (__typeof__(real_epoll_pwait))dlsym(RTLD_NEXT, "epoll_pwait");
-    real_epoll_pwait2 = (__typeof__(real_epoll_pwait2))dlsym(RTLD_NEXT, "epoll_pwait2");
-    real_setcontext = (__typeof__(real_setcontext))dlsym(RTLD_NEXT, "setcontext");
-    real_swapcontext = (__typeof__(real_swapcontext))dlsym(RTLD_NEXT, "swapcontext");
+    AL_NEXT(real_sigsuspend, "sigsuspend");
+    AL_NEXT(real_pselect, "pselect");
+    AL_NEXT(real_ppoll, "ppoll");
+    AL_NEXT(real_ppoll_chk, "__ppoll_chk");
+    AL_NEXT(real_epoll_pwait, "epoll_pwait");
+    AL_NEXT(real_epoll_pwait2, "epoll_pwait2");
+    AL_NEXT(real_setcontext, "setcontext");
+    AL_NEXT(real_swapcontext, "swapcontext");
     atomic_store_explicit(&resolved_all, true, memory_order_release);
 }
 

@@ -42,10 +42,10 @@ static bool ending[_NSIG];
 
 void _al_signals_resolve(void)
 {
-    real_sigaction = (__typeof__(real_sigaction))dlsym(RTLD_NEXT, "sigaction");
-    real_sigprocmask = (__typeof__(real_sigprocmask))dlsym(RTLD_NEXT, "sigprocmask");
-    real_pthread_sigmask = (__typeof__(real_pthread_sigmask))dlsym(RTLD_NEXT, "pthread_sigmask");
-    real_abort = (__typeof__(real_abort))dlsym(RTLD_NEXT, "abort");
+    AL_NEXT(real_sigaction, "sigaction");
+    AL_NEXT(real_sigprocmask, "sigprocmask");
+    AL_NEXT(real_pthread_sigmask, "pthread_sigmask");
+    AL_NEXT(real_abort, "abort");
 }
 
 static bool dispatching(void)

@@ -67,7 +67,7 @@ static int (*real_pthread_create)(pthread_t *, const pthread_attr_t *, void *(*)
 
 void _al_threads_resolve(void)
 {
-    real_pthread_create = (__typeof__(real_pthread_create))dlsym(RTLD_NEXT, "pthread_create");
+    AL_NEXT(real_pthread_create, "pthread_create");
 }
 
 AL_EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)

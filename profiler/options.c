@@ -3,6 +3,7 @@
  * test checks that the README lists every row. */
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -163,23 +164,27 @@ static const char *str_setting(struct al_settings *s, enum al_opt_id id, size_t 
  * started in, as `alloclens run` makes its own absolute: a program that changes directory
  * before it exits still writes its report where it was asked to. Left relative where that
  * directory has no name any more (removed) or the two together are too long. */
+int _al_path_absolute(const char *path, char *out, size_t cap)
+{
+    char cwd[PATH_MAX];
+    if (path[0] != '/' && (!getcwd(cwd, sizeof cwd) || cwd[0] != '/'))
+        return -1;
+    int n = path[0] == '/' ? snprintf(out, cap, "%s", path) : snprintf(out, cap, "%s/%s", cwd, path);
+    return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+}
+
 static const char *path_setting(struct al_settings *s, enum al_opt_id id)
 {
     const char *v = str_setting(s, id, AL_SETTING_STRING_MAX);
     if (!v || v[0] == '/' || !strcmp(v, "-") || !strcmp(v, "off"))
         return v;
-    char cwd[AL_SETTING_STRING_MAX];
-    if (!getcwd(cwd, sizeof cwd) || cwd[0] != '/')
+    char abs[AL_SETTING_STRING_MAX];
+    size_t at = (size_t)(v - s->strings), n;
+    if (_al_path_absolute(v, abs, sizeof abs) < 0 || at + (n = strlen(abs) + 1) > sizeof s->strings)
         return v;
-    size_t n = strlen(cwd), rel = strlen(v), at = (size_t)(v - s->strings);
-    if (n + 1 + rel >= AL_SETTING_STRING_MAX || at + n + 1 + rel + 1 > sizeof s->strings)
-        return v;
-    char *store = s->strings + at;
-    memmove(store + n + 1, v, rel + 1);
-    memcpy(store, cwd, n);
-    store[n] = '/';
-    s->strings_used = at + n + 1 + rel + 1;
-    return store;
+    memcpy(s->strings + at, abs, n); /* in place of the relative one, the last stored */
+    s->strings_used = at + n;
+    return s->strings + at;
 }
 
 static const char *const mode_names[AL_MODE_COUNT] = { "full", "time", "sample" };

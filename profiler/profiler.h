@@ -217,14 +217,19 @@ AL_INLINE bool _al_spin_trylock(_Atomic int *l)
     return !atomic_exchange_explicit(l, 1, memory_order_acquire);
 }
 
+/* The Nth wait of a spin lock's loop: a pause, and past 64 the CPU given up. */
+AL_INLINE void _al_spin_wait(unsigned n)
+{
+    if (n > 64)
+        sched_yield();
+    else
+        __builtin_ia32_pause();
+}
+
 AL_INLINE void _al_spin_lock(_Atomic int *l)
 {
-    for (unsigned n = 0; !_al_spin_trylock(l); n++) {
-        if (n > 64)
-            sched_yield();
-        else
-            __builtin_ia32_pause();
-    }
+    for (unsigned n = 0; !_al_spin_trylock(l); n++)
+        _al_spin_wait(n);
 }
 
 AL_INLINE void _al_spin_unlock(_Atomic int *l)
@@ -379,6 +384,9 @@ struct al_settings {
 /* Reads every option from the environment; a bad value is warned about (one line naming the
  * variable) and the default kept. Never allocates. */
 void _al_settings_load(struct al_settings *s);
+/* PATH made absolute against the working directory into OUT: 0, -ENAMETOOLONG where it does
+ * not fit CAP, -1 where the directory has no name (removed). */
+int _al_path_absolute(const char *path, char *out, size_t cap);
 /* NAME's value in the process's environment (environ itself, not the program's getenv), or
  * NULL. */
 const char *_al_env(const char *name);

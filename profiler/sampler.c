@@ -155,10 +155,7 @@ static bool owned_lock(_Atomic uintptr_t *l)
         none = 0;
         if (atomic_compare_exchange_weak_explicit(l, &none, me, memory_order_acquire, memory_order_relaxed))
             return true;
-        if (n > 64)
-            sched_yield();
-        else
-            __builtin_ia32_pause();
+        _al_spin_wait(n);
     }
 }
 
