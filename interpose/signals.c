@@ -37,7 +37,10 @@ static void (*real_abort)(void) __attribute__((noreturn));
  * run_program_handler, which the program is never handed: it is told what it asked for. */
 static struct sigaction program[_NSIG];
 
-/* Those of _al_ending_signals whose default our handler stands in for in this process. */
+/* Those of _al_ending_signals whose default our handler stands in for in this process, at
+ * start and whenever the program puts the default back: one ignored at start (nohup, a
+ * non-interactive shell's background job) is left ignored, but a program may set its default
+ * itself (node does, for every signal, then installs one-shot handlers of its own). */
 static bool ending[_NSIG];
 
 void _al_signals_resolve(void)
@@ -174,10 +177,10 @@ void _al_signals_start(void)
     for (unsigned i = 0; i < AL_ENDING_SIGNALS; i++) {
         int sig = _al_ending_signals[i].sig;
         struct sigaction mine = end_action(sig);
-        /* Ignored (nohup, a shell's background job) or handled already: left alone. */
-        if (real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL &&
-            real_sigaction(sig, &mine, NULL) == 0)
-            ending[sig] = true;
+        ending[sig] = true;
+        /* Ignored or handled already: left alone until the program sets the default. */
+        if (real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_DFL)
+            real_sigaction(sig, &mine, NULL);
     }
 }
 

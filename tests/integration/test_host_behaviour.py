@@ -34,7 +34,7 @@ SO = None  # path of liballoclens.so
 
 
 def case(label, prog, args=(), main_report=True, child_statuses=(),
-         check=None, default_text=False, only=(), env=None):
+         check=None, default_text=False, only=(), env=None, ignored=()):
     """One program run.
 
     main_report: the main process exits normally, so REPORT.json must hold its report.
@@ -47,10 +47,12 @@ def case(label, prog, args=(), main_report=True, child_statuses=(),
         be the same in both runs.
     only: the allocators it runs under (every mode of each); empty: all of them.
     env: variables set for both runs (ALLOCLENS_* ones reach the profiled run's library).
+    ignored: signals (INT, TERM...) the program starts with ignored, as a non-interactive
+        shell's background job does.
     """
     return dict(label=label, prog=prog, args=list(args), main_report=main_report,
                 child_statuses=list(child_statuses), check=check,
-                default_text=default_text, only=only, env=env or {})
+                default_text=default_text, only=only, env=env or {}, ignored=list(ignored))
 
 
 def check_sigchld(tap, desc, main, sides, stdout, stderr):
@@ -230,6 +232,10 @@ CASES = [
          ["dispositions"]),
     case("a one-shot SIGTERM handler (SA_RESETHAND) that raises it again", "host_signals",
          ["resethand"]),
+    case("the same, SIGTERM ignored when the program started (a background job's)",
+         "host_signals", ["resethand"], ignored=("TERM",)),
+    case("SIGINT and SIGHUP ignored at start; the program sets SIGINT's default and raises it",
+         "host_signals", ["dispositions"], ignored=("INT", "HUP")),
     case("abort", "host_signals", ["abort"]),
     case("abort() from a SIGSEGV handler on a small alternate stack (a stack overflow)",
          "host_signals", ["overflow"], main_report=False, default_text=True, check=check_overflow),
@@ -321,14 +327,23 @@ def split_mode(alloc):
     return name, mode or None
 
 
-def run_plain(alloc, path, argv, tmp, extra):
-    env = dict(clean_env(), **extra)
-    if split_mode(alloc)[0] not in ("glibc", DIRECT):
-        env["LD_PRELOAD"] = path
+def launch(argv, env, tmp, ignored):
+    """Runs ARGV; with IGNORED signals, through env(1), which ignores them and execs it (the
+    preload, if any, set for ARGV alone)."""
+    if ignored:
+        preload = [f"LD_PRELOAD={env.pop('LD_PRELOAD')}"] if "LD_PRELOAD" in env else []
+        argv = ["env", "--ignore-signal=" + ",".join(ignored), *preload, *argv]
     return subprocess.run(argv, env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
 
 
-def run_profiled(alloc, argv, tmp, default_text, extra):
+def run_plain(alloc, path, argv, tmp, extra, ignored):
+    env = dict(clean_env(), **extra)
+    if split_mode(alloc)[0] not in ("glibc", DIRECT):
+        env["LD_PRELOAD"] = path
+    return launch(argv, env, tmp, ignored)
+
+
+def run_profiled(alloc, argv, tmp, default_text, extra, ignored):
     env = dict(clean_env(), **extra)
     out = os.path.join(tmp, "r.json")
     txt = os.path.join(tmp, "r.txt")
@@ -336,13 +351,13 @@ def run_profiled(alloc, argv, tmp, default_text, extra):
         env.update(LD_PRELOAD=SO, ALLOCLENS_OUTPUT=out)
         if not default_text:
             env["ALLOCLENS_TEXT"] = txt
-        return subprocess.run(argv, env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
+        return launch(argv, env, tmp, ignored)
     text = [] if default_text else ["--text", txt]
     name, mode = split_mode(alloc)
     if mode:
         env["ALLOCLENS_MODE"] = mode
-    return subprocess.run([altest.cli(), "run", "-a", name, "-o", out, *text, "--", *argv],
-                          env=env, capture_output=True, timeout=TIMEOUT, cwd=tmp)
+    return launch([altest.cli(), "run", "-a", name, "-o", out, *text, "--", *argv],
+                  env, tmp, ignored)
 
 
 def one(alloc, path, c, progs, plugin):
@@ -358,12 +373,12 @@ def one(alloc, path, c, progs, plugin):
     ptmp, tmp = altest.tmpdir(), altest.tmpdir()
     t0 = time.monotonic()
     try:
-        plain = run_plain(alloc, path, argv(ptmp), ptmp, c["env"])
+        plain = run_plain(alloc, path, argv(ptmp), ptmp, c["env"], c["ignored"])
     except subprocess.TimeoutExpired:
         plain = "timeout"
     t1 = time.monotonic()
     try:
-        prof = run_profiled(alloc, argv(tmp), tmp, c["default_text"], c["env"])
+        prof = run_profiled(alloc, argv(tmp), tmp, c["default_text"], c["env"], c["ignored"])
     except subprocess.TimeoutExpired:
         prof = "timeout"
         HANGS[alloc] = HANGS.get(alloc, 0) + 1
