@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,11 @@ static void usage(FILE *f)
             "  -h, --help              this text\n"
             "\n"
             "Exit status: 0 when every run wrote its report, 1 when some did not (they are left\n"
-            "out of the table and named on stderr), 2 for bad arguments.\n",
+            "out of the table and named on stderr), 2 for bad arguments.\n"
+            "\n"
+            "SIGINT, SIGTERM, SIGHUP or SIGQUIT stops it: no further run starts, the run in\n"
+            "progress ends (SIGTERM is passed on to it), the temporary directory ($TMPDIR or /tmp)\n"
+            "is removed, and compare ends by that signal, with no table.\n",
             MAX_RUNS);
 }
 
@@ -206,11 +211,64 @@ static void format(char *out, size_t cap, double v, char unit)
     }
 }
 
+/* A signal that asks compare to stop (Ctrl-C, kill, a closed terminal): no further run starts,
+ * the one in progress ends, the temporary directory goes, and compare ends by that signal.
+ * SIGTERM is passed on to the run, as make does; the terminal sends the others to the whole
+ * process group already, and a second one could cut the program's own clean-up short. */
+static const int stop_signals[] = { SIGHUP, SIGINT, SIGQUIT, SIGTERM };
+static volatile sig_atomic_t stop_signal;
+static volatile pid_t running; /* the run in progress, 0 between runs */
+
+static void on_stop(int sig)
+{
+    stop_signal = sig;
+    if (sig == SIGTERM && running > 0)
+        kill(running, sig);
+}
+
+/* Our handler for each stop signal the shell did not leave ignored (nohup, a background job). */
+static void catch_stop_signals(void)
+{
+    struct sigaction a = { .sa_handler = on_stop }, cur;
+    sigfillset(&a.sa_mask);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        if (sigaction(stop_signals[i], NULL, &cur) == 0 && cur.sa_handler != SIG_IGN)
+            sigaction(stop_signals[i], &a, NULL);
+}
+
+/* The stop signals blocked; the mask as it was. */
+static sigset_t block_stop_signals(void)
+{
+    sigset_t set, old;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaddset(&set, stop_signals[i]);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    return old;
+}
+
+static void stop_signals_default(void)
+{
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++) {
+        struct sigaction cur;
+        if (sigaction(stop_signals[i], NULL, &cur) == 0 && cur.sa_handler == on_stop)
+            signal(stop_signals[i], SIG_DFL);
+    }
+}
+
 /* Runs `alloclens run` for C once, its report to PATH; its wait status, or -1. */
 static int run_once(const char *self, const struct compared *c, const char *mode, char **cmd,
                     const char *path, bool show_report)
 {
+    /* Blocked until the child is known, so that a SIGTERM now reaches it too; the child starts
+     * with the defaults. */
+    sigset_t old = block_stop_signals();
     pid_t pid = fork();
+    if (pid == 0)
+        stop_signals_default();
+    else if (pid > 0)
+        running = pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0)
         return -1;
     if (pid == 0) {
@@ -244,8 +302,11 @@ static int run_once(const char *self, const struct compared *c, const char *mode
     }
     int status;
     while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
+        if (errno != EINTR) {
+            running = 0;
             return -1;
+        }
+    running = 0;
     return status;
 }
 
@@ -423,11 +484,17 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
         fprintf(stderr, "alloclens: cannot find this command's own path\n");
         return 2;
     }
-    char dir[] = "/tmp/alloclens-compare-XXXXXX";
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "alloclens: cannot make a temporary directory: %s\n", strerror(errno));
+    const char *tmp = getenv("TMPDIR");
+    char dir[PATH_MAX];
+    if (!tmp || !*tmp)
+        tmp = "/tmp";
+    bool fits = snprintf(dir, sizeof dir, "%s/alloclens-compare-XXXXXX", tmp) < (int)sizeof dir;
+    if (!fits || !mkdtemp(dir)) {
+        fprintf(stderr, "alloclens: cannot make a temporary directory in %s: %s\n", tmp,
+                strerror(fits ? errno : ENAMETOOLONG));
         return 2;
     }
+    catch_stop_signals();
     for (int k = 0; k < n; k++) {
         if (cs[k].alloc.version[0])
             snprintf(cs[k].label, sizeof cs[k].label, "%s %s", cs[k].alloc.name, cs[k].alloc.version);
@@ -436,8 +503,8 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
     }
     int missing = 0;
     /* Turns: A B C, then C B A, ... so that drift on the machine hits every allocator alike. */
-    for (int r = 0; r < runs; r++) {
-        for (int j = 0; j < n; j++) {
+    for (int r = 0; r < runs && !stop_signal; r++) {
+        for (int j = 0; j < n && !stop_signal; j++) {
             struct compared *c = &cs[r % 2 ? n - 1 - j : j];
             char path[PATH_MAX + 32], why[160];
             snprintf(path, sizeof path, "%s/%d.%d.json", dir, (int)(c - cs), r);
@@ -446,6 +513,10 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
                 fflush(stderr);
             }
             int status = run_once(self, c, mode, cmd, path, show_reports);
+            if (stop_signal) {
+                unlink(path);
+                break;
+            }
             if (read_report(path, c, c->run[c->nruns], why, sizeof why)) {
                 c->nruns++;
             } else {
@@ -458,6 +529,13 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
         }
     }
     remove_dir(dir);
+    if (stop_signal) {
+        int sig = stop_signal;
+        fflush(stdout);
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return 128 + sig; /* not reached */
+    }
     for (int k = 0; k < n; k++) {
         cs[k].failed = cs[k].nruns == 0;
         summarize(&cs[k]);

@@ -9,16 +9,19 @@ total of the ops table of a plain `alloclens run` of the same command, in every 
 median must be the median of that allocator's runs; the table and the "switching from" lines
 must show every allocator. Also: CMD's stdin is /dev/null (a command reading it ends), a run
 that writes no report is named on stderr and gives exit status 1, and bad arguments get one
-line on stderr and exit status 2 before anything runs. `alloclens demo` prints a report per
+line on stderr and exit status 2 before anything runs; SIGINT or SIGTERM stops it cleanly
+(no run after, the temporary directory removed, ended by the signal). `alloclens demo` prints a report per
 allocator found and the same table. `alloclens allocators` gives each allocator but glibc the
 version of the Debian package that installed it, as dpkg-query tells it.
 """
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import time
 
 import altest
 
@@ -143,6 +146,37 @@ def main():
            "a run without a report: exit status 1, named on stderr",
            f"status {p.returncode}\nstderr:\n{p.stderr[-800:]}")
 
+    # Stopped by a signal: SIGTERM to compare alone is passed on to the run in progress,
+    # SIGINT to the whole group (as a terminal's Ctrl-C) reaches it anyway; either way no
+    # further run starts, compare ends by that signal, and its temporary directory is gone.
+    sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    for sig, group in ((signal.SIGTERM, False), (signal.SIGINT, True)):
+        tmpdir = os.path.join(tmp, f"tmpdir-{sig.name}")
+        os.mkdir(tmpdir)
+        proc = subprocess.Popen([altest.cli(), "compare", "-a", names[0], "-n", "3", "--", *sleeper],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp,
+                                env=dict(os.environ, TMPDIR=tmpdir), start_new_session=True)
+        started = proc.stdout.readline() == b"started\n"
+        made = os.listdir(tmpdir)
+        t0 = time.monotonic()
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        took = time.monotonic() - t0
+        tap.ok(started and len(made) == 1 and proc.returncode == -sig and took < 20
+               and out.count(b"started") == 0 and not os.listdir(tmpdir),
+               f"compare stopped by {sig.name}{' to its group' if group else ''}: the run in "
+               "progress ends, no other starts, the temporary directory in $TMPDIR is removed, "
+               "compare ends by the signal",
+               f"first run started: {started}; made {made}; status {proc.returncode} after "
+               f"{took:.1f} s; left {os.listdir(tmpdir)}\nstdout {out[-300:]!r}\nstderr {err[-500:]!r}")
+
     # Bad arguments: one line on stderr, status 2, nothing run.
     marker = os.path.join(tmp, "ran")
     touch = ["--", "sh", "-c", f"touch {marker}"]
@@ -154,6 +188,12 @@ def main():
         tap.ok(p.returncode == 2 and len(err) == 1 and what in err[0] and not os.path.exists(marker),
                f"compare {' '.join(args)}: one line naming '{what}', status 2, nothing run",
                f"status {p.returncode}\nstderr:\n{p.stderr}")
+    p = subprocess.run([altest.cli(), "compare", "-a", names[0], *touch], capture_output=True,
+                       text=True, cwd=tmp, timeout=60, env=dict(os.environ, TMPDIR="/nonexistent"))
+    err = p.stderr.strip().splitlines()
+    tap.ok(p.returncode == 2 and len(err) == 1 and "/nonexistent" in err[0] and not os.path.exists(marker),
+           "compare with TMPDIR a missing directory: one line naming it, status 2, nothing run",
+           f"status {p.returncode}\nstderr:\n{p.stderr}")
     p = compare(["-a", names[0]], tmp, timeout=60)
     tap.ok(p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1,
            "compare with no command: one line, status 2", p.stderr)
