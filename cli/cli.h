@@ -38,6 +38,8 @@ struct json_object;
 struct json_object *_al_cli_get(struct json_object *o, const char *key);
 double _al_cli_num(struct json_object *o, const char *key);
 const char *_al_cli_str(struct json_object *o, const char *key);
+/* V as text: a string's own, any other value as its JSON, "" for none. */
+const char *_al_cli_text(struct json_object *v);
 size_t _al_cli_len(struct json_object *array);
 bool _al_cli_available(struct json_object *section);
 void _al_cli_bytes(char *out, size_t cap, double v);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -160,7 +161,7 @@ static void run_section(struct out *o, json_object *r)
     json_object *args = _al_cli_get(prog, "argv");
     for (size_t i = 0; i < _al_cli_len(args) && at < sizeof argv - 1; i++)
         at += (size_t)snprintf(argv + at, sizeof argv - at, "%s%s", i ? " " : "",
-                               json_object_get_string(json_object_array_get_idx(args, i)));
+                               _al_cli_text(json_object_array_get_idx(args, i)));
     char title[1200];
     snprintf(title, sizeof title, "alloclens report, pid %.0f: %s", _al_cli_num(prog, "pid"), argv);
     if (o->html)
@@ -260,7 +261,7 @@ static void memory_section(struct out *o, json_object *r)
         _al_cli_bytes(c[1], sizeof c[1], _al_cli_num(x, "live_requested_bytes"));
         _al_cli_bytes(c[2], sizeof c[2], _al_cli_num(x, "internal_fragmentation_bytes"));
         _al_cli_bytes(c[3], sizeof c[3], _al_cli_num(x, "blowup_bytes"));
-        const char *cells[] = { json_object_get_string(_al_cli_get(x, "size")), c[0], c[1], c[2], c[3] };
+        const char *cells[] = { _al_cli_text(_al_cli_get(x, "size")), c[0], c[1], c[2], c[3] };
         row(o, cells);
     }
     table_end(o);
@@ -314,12 +315,14 @@ static void counters_section(struct out *o, json_object *r)
     json_object *ops = _al_cli_get(c, "counted_ops"), *events = _al_cli_get(c, "events");
     const char *heads[MAX_COLS] = { "event" };
     int widths[MAX_COLS] = { -18 }, n = 1;
-    json_object_object_foreach(ops, op, count)
-    {
-        (void)count;
-        if (n < MAX_COLS) {
-            heads[n] = op;
-            widths[n++] = 12;
+    if (json_object_get_type(ops) == json_type_object) { /* json-c's walk takes objects only */
+        json_object_object_foreach(ops, op, count)
+        {
+            (void)count;
+            if (n < MAX_COLS) {
+                heads[n] = op;
+                widths[n++] = 12;
+            }
         }
     }
     table(o, n, heads, widths);
@@ -369,7 +372,7 @@ static void sites_section(struct out *o, json_object *r)
         size_t at = 0;
         for (size_t k = 0; k < _al_cli_len(stack) && k < 3 && at < sizeof where - 1; k++)
             at += (size_t)snprintf(where + at, sizeof where - at, "%s%s", k ? " < " : "",
-                                   json_object_get_string(json_object_array_get_idx(stack, k)));
+                                   _al_cli_text(json_object_array_get_idx(stack, k)));
         const char *cells[] = { c[0], c[1], c[2], c[3], where };
         row(o, cells);
     }
@@ -430,6 +433,13 @@ int _al_cli_cmd_report(int argc, char **argv)
         return 2;
     }
     struct out o = { .f = stdout, .html = html != NULL };
+    struct stat si, so;
+    if (html && strcmp(html, "-") && stat(in, &si) == 0 && stat(html, &so) == 0 &&
+        si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        fprintf(stderr, "alloclens: --html %s is the report being read: it would be overwritten\n", html);
+        json_object_put(r);
+        return 2;
+    }
     if (html && strcmp(html, "-")) {
         o.f = fopen(html, "w");
         if (!o.f) {
@@ -450,13 +460,17 @@ int _al_cli_cmd_report(int argc, char **argv)
     if (o.html)
         fputs("</body></html>\n", o.f);
     json_object_put(r);
-    int failed = ferror(o.f);
-    if (o.f != stdout)
-        failed |= fclose(o.f) != 0;
-    else
-        failed |= fflush(o.f) != 0;
+    /* A write error sticks to the stream, and errno still tells it after a failed flush. */
+    errno = 0;
+    int failed = fflush(o.f) != 0 || ferror(o.f);
+    int why = errno ? errno : EIO;
+    if (o.f != stdout && fclose(o.f) != 0 && !failed) {
+        failed = 1;
+        why = errno;
+    }
     if (failed) {
-        fprintf(stderr, "alloclens: writing %s failed\n", html && strcmp(html, "-") ? html : "the report");
+        fprintf(stderr, "alloclens: writing %s failed: %s\n", html && strcmp(html, "-") ? html : "the report",
+                strerror(why));
         return 1;
     }
     return 0;

@@ -26,6 +26,12 @@ const char *_al_cli_str(json_object *o, const char *key)
     return v && json_object_get_type(v) == json_type_string ? json_object_get_string(v) : "";
 }
 
+const char *_al_cli_text(json_object *v)
+{
+    const char *s = v ? json_object_get_string(v) : NULL;
+    return s ? s : "";
+}
+
 size_t _al_cli_len(json_object *a)
 {
     return a && json_object_get_type(a) == json_type_array ? json_object_array_length(a) : 0;

@@ -7,7 +7,9 @@ A report of EXACT_COUNTS under alloclens (full mode) is rendered both ways: ever
 JSON ops table must be in the text and in the HTML page's ops table with its exact count; every
 section is there (or says it is unavailable, with the report's reason, as memory waste does in
 --mode time); the program's arguments are escaped in the HTML; bad input (no file, not JSON, not
-a report, an unwritable --html path, wrong arguments) gets one line on stderr and status 2.
+a report, an unwritable --html path, the report itself as --html, wrong arguments) gets one line
+on stderr and status 2; a failed write one line with its reason and status 1; fields of other
+shapes than the schema's are rendered as they are, never a crash.
 Every field of the full-mode report is documented in docs/report-schema.md.
 """
 import html.parser
@@ -179,6 +181,32 @@ def main():
            "text: a process ended by SIGTERM: the runtime line says so",
            f"status {proc.returncode}; {(rep4 or {}).get('program')}\n{p.stdout[:600]}")
 
+    # A report whose fields have other shapes than the schema's (edited by hand, or from another
+    # tool): rendered with what it has, never a crash.
+    def reshaped(edit):
+        r = json.loads(json.dumps(rep))
+        edit(r)
+        return r
+    counters = dict(rep.get("counters") or {}, available=True)
+    shapes = {
+        "counted_ops missing": lambda r: r.update(counters={k: v for k, v in counters.items() if k != "counted_ops"}),
+        "counted_ops null": lambda r: r.update(counters=dict(counters, counted_ops=None)),
+        "counted_ops an array": lambda r: r.update(counters=dict(counters, counted_ops=[1, 2])),
+        "a size class without its size": lambda r: [c.pop("size", None) for c in r["memory"]["peak"]["size_classes"]],
+        "size classes as numbers": lambda r: r["memory"]["peak"].update(size_classes=[1, 2, 3]),
+        "argv and stacks of nulls": lambda r: (r["program"].update(argv=[None, 3]),
+                                               [x.update(stack=[None, 1]) for x in r["sites"]["top"]]),
+    }
+    for what, edit in shapes.items():
+        odd_path = os.path.join(tmp, "reshaped.json")
+        with open(odd_path, "w") as f:
+            json.dump(reshaped(edit), f)
+        for args in ([odd_path], [odd_path, "--html", "-"]):
+            p = report(args, tmp)
+            tap.ok(p.returncode == 0 and p.stdout and not p.stderr,
+                   f"report{' --html' if len(args) > 1 else ''}: {what}: rendered, status 0",
+                   f"status {p.returncode}\nstderr:\n{p.stderr[-500:]}")
+
     # Bad input: one line, status 2.
     notjson = os.path.join(tmp, "notjson.json")
     with open(notjson, "w") as f:
@@ -189,11 +217,20 @@ def main():
     for args, what in (([os.path.join(tmp, "missing.json")], "missing.json"), ([notjson], "notjson.json"),
                        ([empty], "not an alloclens report"), ([path, "--html", "/nonexistent/d/r.html"], "/nonexistent"),
                        ([], "no report"), ([path, path], "one report"), ([path, "--bogus"], "--bogus"),
-                       ([path, "--html"], "--html")):
+                       ([path, "--html"], "--html"), ([path, "--html", path], "overwritten")):
         p = report(args, tmp)
         err = p.stderr.strip().splitlines()
         tap.ok(p.returncode == 2 and len(err) == 1 and what in err[0] and not p.stdout,
                f"report {' '.join(os.path.basename(a) for a in args)}: one line naming '{what}', status 2",
+               f"status {p.returncode}\nstderr:\n{p.stderr}")
+    with open(path) as f:
+        tap.ok(json.load(f) == rep, "the report named by --html too is left as it was", "changed")
+    # A failed write says why, status 1.
+    if os.path.exists("/dev/full"):
+        p = report([path, "--html", "/dev/full"], tmp)
+        err = p.stderr.strip().splitlines()
+        tap.ok(p.returncode == 1 and len(err) == 1 and os.strerror(28) in err[0],
+               "report --html /dev/full: one line with the reason, status 1",
                f"status {p.returncode}\nstderr:\n{p.stderr}")
     tap.done()
 
