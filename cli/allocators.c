@@ -143,6 +143,11 @@ int _al_cli_resolve_allocator(const char *arg, struct al_found_allocator *ret)
             fprintf(stderr, "alloclens: allocator library '%s' does not exist\n", arg);
             return -1;
         }
+        if (strpbrk(ret->path, AL_PRELOAD_SEPARATORS)) {
+            fprintf(stderr, "alloclens: allocator library '%s' is %s, a path LD_PRELOAD cannot name "
+                    "(the loader splits it at spaces and colons): copy it elsewhere\n", arg, ret->path);
+            return -1;
+        }
         if (!is_shared_object(ret->path)) {
             fprintf(stderr, "alloclens: '%s' is not a 64-bit ELF shared library\n", arg);
             return -1;

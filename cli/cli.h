@@ -15,6 +15,9 @@ struct al_found_allocator {
 
 #define AL_MAX_ALLOCATORS 4
 
+/* Where the loader splits LD_PRELOAD: a library whose path holds one cannot be preloaded. */
+#define AL_PRELOAD_SEPARATORS " :"
+
 /* allocators.c: the allocators installed on this machine, in a fixed order. */
 int _al_cli_find_allocators(struct al_found_allocator *out, int cap);
 /* Resolves -a's argument (a name or a path); 0, or prints one error line and returns -1. */
@@ -43,8 +46,8 @@ const char *_al_cli_text(struct json_object *v);
 size_t _al_cli_len(struct json_object *array);
 bool _al_cli_available(struct json_object *section);
 void _al_cli_bytes(char *out, size_t cap, double v);
-/* The first line of json-c's last error, into OUT (CAP bytes; "" when there is none). */
-void _al_cli_json_error(char *out, size_t cap);
+/* The JSON in the file PATH, or NULL with why not in ERR (CAP bytes). */
+struct json_object *_al_cli_read_json(const char *path, char *err, size_t cap);
 
 /* prerun.c */
 int _al_cli_cmd_prerun(int argc, char **argv);

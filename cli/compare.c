@@ -89,7 +89,8 @@ static void usage(FILE *f)
             "  -h, --help              this text\n"
             "\n"
             "Exit status: 0 when every run wrote its report, 1 when some did not (they are left\n"
-            "out of the table and named on stderr), 2 for bad arguments.\n"
+            "out of the table and named on stderr), 2 for bad arguments. A run whose command\n"
+            "ends with another status than 0 is named on stderr, its figures kept.\n"
             "\n"
             "SIGINT, SIGTERM, SIGHUP or SIGQUIT stops it: no further run starts, the run in\n"
             "progress ends (SIGTERM is passed on to it), the temporary directory ($TMPDIR or /tmp)\n"
@@ -115,11 +116,10 @@ static void take_version(struct compared *c, json_object *r)
  * read. */
 static bool read_report(const char *path, struct compared *c, double m[M_N], char *why, size_t cap)
 {
-    json_object *r = json_object_from_file(path);
+    char e[256];
+    json_object *r = _al_cli_read_json(path, e, sizeof e);
     if (!r) {
-        char e[256];
-        _al_cli_json_error(e, sizeof e);
-        snprintf(why, cap, "no readable report (%.100s)", e);
+        snprintf(why, cap, "no readable report (%s)", e);
         return false;
     }
     for (int k = 0; k < M_N; k++)
@@ -506,7 +506,7 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
     for (int r = 0; r < runs && !stop_signal; r++) {
         for (int j = 0; j < n && !stop_signal; j++) {
             struct compared *c = &cs[r % 2 ? n - 1 - j : j];
-            char path[PATH_MAX + 32], why[160];
+            char path[PATH_MAX + 32], why[320];
             snprintf(path, sizeof path, "%s/%d.%d.json", dir, (int)(c - cs), r);
             if (show_reports) {
                 fprintf(stderr, "\n######## %s (%s) ########\n", c->label, c->alloc.path);
@@ -519,6 +519,12 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
             }
             if (read_report(path, c, c->run[c->nruns], why, sizeof why)) {
                 c->nruns++;
+                if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                    char how[48];
+                    describe_status(status, how, sizeof how);
+                    fprintf(stderr, "alloclens: run %d under %s: the command ended with %s (its figures "
+                            "are in the table)\n", r + 1, c->label, how);
+                }
             } else {
                 char how[48];
                 describe_status(status, how, sizeof how);
@@ -565,6 +571,14 @@ int _al_cli_cmd_compare(int argc, char **argv)
         }
         if (a[0] != '-')
             break;
+        static const char *const known[] = { "-a", "--allocators", "-o", "--output", "--mode", "-n", "--runs" };
+        bool is_known = false;
+        for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+            is_known |= !strcmp(a, known[k]);
+        if (!is_known) {
+            fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens compare --help')\n", a);
+            return 2;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "alloclens: option '%s' needs a value\n", a);
             return 2;
@@ -587,9 +601,6 @@ int _al_cli_cmd_compare(int argc, char **argv)
                 return 2;
             }
             runs = (int)n;
-        } else {
-            fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens compare --help')\n", a);
-            return 2;
         }
     }
     if (i >= argc) {

@@ -3,7 +3,9 @@
  * checking that an output file can be written before anything runs. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +13,6 @@
 #include "config.h"
 #include "cli.h"
 #include "profiler.h"
-
 
 static void usage(FILE *f)
 {
@@ -34,6 +35,9 @@ static void usage(FILE *f)
             "  demo           profile the bundled workload under every allocator found\n"
             "  options        the table of every tunable (environment variable, default, range)\n"
             "  help           this text; 'alloclens run --help' lists every run option\n"
+            "\n"
+            "Exit status: run ends with CMD's own (or 126/127 when CMD cannot be run); every\n"
+            "command gives 2 for bad arguments, and 1 when its work or its output failed.\n"
             "\n"
             "alloclens %s\n",
             ALLOCLENS_VERSION);
@@ -91,32 +95,41 @@ int _al_cli_check_writable(const char *path, const char *shown, const char *what
         return -1;
     }
     close(fd);
-    if (!existed)
-        unlink(path);
+    if (!existed) {
+        /* Made through a symbolic link to nothing, the new file is the link's target: that
+         * one goes, the link stays. */
+        char real[PATH_MAX];
+        unlink(realpath(path, real) ? real : path);
+    }
     return 0;
 }
 
-int main(int argc, char **argv)
+/* What a command printed, flushed: a full disk or a closed stdout is said, not lost. */
+static int stdout_written(int rc)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
-    const char *cmd = argv[1];
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return rc;
+    fprintf(stderr, "alloclens: writing to stdout failed: %s\n", strerror(errno ? errno : EIO));
+    return rc ? rc : 1;
+}
+
+static int dispatch(const char *cmd, int argc, char **argv)
+{
     if (!strcmp(cmd, "run"))
-        return _al_cli_cmd_run(argc - 1, argv + 1);
+        return _al_cli_cmd_run(argc, argv);
     if (!strcmp(cmd, "allocators"))
-        return _al_cli_cmd_allocators(argc - 1, argv + 1);
+        return _al_cli_cmd_allocators(argc, argv);
     if (!strcmp(cmd, "compare"))
-        return _al_cli_cmd_compare(argc - 1, argv + 1);
+        return _al_cli_cmd_compare(argc, argv);
     if (!strcmp(cmd, "report"))
-        return _al_cli_cmd_report(argc - 1, argv + 1);
+        return _al_cli_cmd_report(argc, argv);
     if (!strcmp(cmd, "demo"))
-        return _al_cli_cmd_demo(argc - 1, argv + 1);
+        return _al_cli_cmd_demo(argc, argv);
     if (!strcmp(cmd, "prerun"))
-        return _al_cli_cmd_prerun(argc - 1, argv + 1);
+        return _al_cli_cmd_prerun(argc, argv);
     if (!strcmp(cmd, "options"))
-        return _al_cli_cmd_options(argc - 1, argv + 1);
+        return _al_cli_cmd_options(argc, argv);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;
@@ -127,4 +140,13 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "alloclens: unknown command '%s' (try 'alloclens --help')\n", cmd);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    return stdout_written(dispatch(argv[1], argc - 1, argv + 1));
 }

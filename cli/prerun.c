@@ -32,9 +32,15 @@ static double now_s(void)
 }
 
 /* The cache file for the allocator library LIB, where this user's environment puts caches. */
-static int cache_path(const char *lib, char *out, size_t cap)
+/* The cache file for LIB, or -1 with a line ending in THEN. */
+static int cache_path(const char *lib, char *out, size_t cap, const char *then)
 {
-    return _al_config_cache_path(lib, getenv("XDG_CACHE_HOME"), getenv("HOME"), out, cap);
+    int r = _al_config_cache_path(lib, getenv("XDG_CACHE_HOME"), getenv("HOME"), out, cap);
+    if (r == -ENOENT)
+        fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); %s\n", then);
+    else if (r < 0)
+        fprintf(stderr, "alloclens: no cache file for %s: %s; %s\n", lib, strerror(-r), then);
+    return r < 0 ? -1 : 0;
 }
 
 int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, size_t cap)
@@ -48,10 +54,8 @@ int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, s
         }
         fprintf(stderr, "alloclens: %s; probing the allocator instead\n", err);
     }
-    if (cache_path(alloc->path, path, cap) < 0) {
-        fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); running without a config\n");
+    if (cache_path(alloc->path, path, cap, "running without a config") < 0)
         return -1;
-    }
     int r = _al_config_cache_lookup(alloc->path, path, &cfg, err, sizeof err);
     if (r == 0)
         return 0;
@@ -63,7 +67,7 @@ int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, s
     fprintf(stderr, "alloclens: %s %s: probing its size classes once (cached in %s)\n",
             r == -ESTALE ? "the library changed:" : "first run under", alloc->name, path);
     if (_al_prerun_probe(alloc->path, exe, &cfg, false, err, sizeof err) < 0 ||
-        _al_prerun_write_config(path, &cfg, err, sizeof err) < 0) {
+        _al_prerun_write_config(path, &cfg, true, err, sizeof err) < 0) {
         fprintf(stderr, "alloclens: %s; running without a config\n", err);
         return -1;
     }
@@ -80,12 +84,23 @@ int _al_cli_cmd_prerun(int argc, char **argv)
                    "process and writes what it found: style (bibop or sequential), every size class,\n"
                    "the large-object threshold and the page size, in the format of\n"
                    "docs/config-format.md. Without -o the result goes to the cache 'alloclens run'\n"
-                   "reads. The probe's own account of how sure it is goes to stderr.\n");
+                   "reads; -o FILE is replaced whole, so it must be a regular file or not there yet\n"
+                   "(a symbolic link's file is replaced, the link kept). The probe's own account of how\n"
+                   "sure it is goes to stderr.\n"
+                   "\n"
+                   "Exit status: 0 when written, 1 when the probe or the write failed, 2 for bad\n"
+                   "arguments.\n");
             return 0;
         }
-        if ((!strcmp(argv[i], "-a") || !strcmp(argv[i], "--allocator")) && i + 1 < argc) {
+        bool a = !strcmp(argv[i], "-a") || !strcmp(argv[i], "--allocator");
+        bool o = !strcmp(argv[i], "-o") || !strcmp(argv[i], "--output");
+        if ((a || o) && i + 1 >= argc) {
+            fprintf(stderr, "alloclens: option '%s' needs a value\n", argv[i]);
+            return 2;
+        }
+        if (a) {
             alloc_arg = argv[++i];
-        } else if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc) {
+        } else if (o) {
             out = argv[++i];
         } else {
             fprintf(stderr, "alloclens: prerun: unexpected argument '%s' (see 'alloclens prerun --help')\n", argv[i]);
@@ -100,19 +115,23 @@ int _al_cli_cmd_prerun(int argc, char **argv)
     char exe[4096], path[4096], err[1024];
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0 || probe_exe(exe, sizeof exe) < 0)
         return 2;
-    if (!out) {
-        if (cache_path(alloc.path, path, sizeof path) < 0) {
-            fprintf(stderr, "alloclens: no cache directory (set XDG_CACHE_HOME or HOME); give -o FILE\n");
+    if (out) {
+        if (_al_prerun_output_target(out, path, sizeof path, err, sizeof err) < 0) {
+            fprintf(stderr, "alloclens: %s\n", err);
             return 2;
         }
-        out = path;
+        if (_al_cli_check_writable(path, out, "the config") < 0)
+            return 2;
+    } else {
+        if (cache_path(alloc.path, path, sizeof path, "give -o FILE") < 0)
+            return 2;
     }
     double t0 = now_s();
     if (_al_prerun_probe(alloc.path, exe, &cfg, true, err, sizeof err) < 0) {
         fprintf(stderr, "alloclens: %s\n", err);
         return 1;
     }
-    if (_al_prerun_write_config(out, &cfg, err, sizeof err) < 0) {
+    if (_al_prerun_write_config(path, &cfg, !out, err, sizeof err) < 0) {
         fprintf(stderr, "alloclens: %s\n", err);
         return 1;
     }
@@ -120,6 +139,6 @@ int _al_cli_cmd_prerun(int argc, char **argv)
            "written to %s\n",
            alloc.name, _al_config_style_name(cfg.style), cfg.nclasses, (unsigned long long)cfg.classes[0],
            (unsigned long long)cfg.classes[cfg.nclasses - 1], (unsigned long long)cfg.large_threshold,
-           (unsigned long long)cfg.page_size, now_s() - t0, out);
+           (unsigned long long)cfg.page_size, now_s() - t0, out ? out : path);
     return 0;
 }

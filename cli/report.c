@@ -423,11 +423,9 @@ int _al_cli_cmd_report(int argc, char **argv)
         fprintf(stderr, "alloclens: no report given (usage: alloclens report REPORT.json [--html OUT.html])\n");
         return 2;
     }
-    json_object *r = json_object_from_file(in);
+    char e[256] = "not an alloclens report";
+    json_object *r = _al_cli_read_json(in, e, sizeof e);
     if (!r || json_object_get_type(r) != json_type_object || !_al_cli_get(r, "ops")) {
-        char e[256] = "not an alloclens report";
-        if (!r)
-            _al_cli_json_error(e, sizeof e);
         fprintf(stderr, "alloclens: cannot read %s: %s\n", in, e);
         json_object_put(r);
         return 2;
@@ -460,17 +458,18 @@ int _al_cli_cmd_report(int argc, char **argv)
     if (o.html)
         fputs("</body></html>\n", o.f);
     json_object_put(r);
+    if (o.f == stdout)
+        return 0; /* main says whether stdout was written */
     /* A write error sticks to the stream, and errno still tells it after a failed flush. */
     errno = 0;
     int failed = fflush(o.f) != 0 || ferror(o.f);
     int why = errno ? errno : EIO;
-    if (o.f != stdout && fclose(o.f) != 0 && !failed) {
+    if (fclose(o.f) != 0 && !failed) {
         failed = 1;
         why = errno;
     }
     if (failed) {
-        fprintf(stderr, "alloclens: writing %s failed: %s\n", html && strcmp(html, "-") ? html : "the report",
-                strerror(why));
+        fprintf(stderr, "alloclens: writing %s failed: %s\n", html, strerror(why));
         return 1;
     }
     return 0;

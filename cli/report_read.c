@@ -1,6 +1,7 @@
 /* Reading saved JSON reports back (compare, report): field access that takes what a report
  * lacks (an absent field, a JSON null, a section of an older schema) as "no figure", and the
  * one way both commands write a byte count. */
+#include <errno.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
@@ -57,8 +58,36 @@ void _al_cli_bytes(char *out, size_t cap, double v)
         snprintf(out, cap, "%.0f B", v);
 }
 
-void _al_cli_json_error(char *out, size_t cap)
+json_object *_al_cli_read_json(const char *path, char *err, size_t cap)
 {
-    const char *e = json_util_get_last_err();
-    snprintf(out, cap, "%.*s", e ? (int)strcspn(e, "\n") : 0, e ? e : "");
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, cap, "%s", strerror(errno));
+        return NULL;
+    }
+    json_tokener *tok = json_tokener_new_ex(JSON_TOKENER_DEFAULT_DEPTH);
+    json_object *r = NULL;
+    enum json_tokener_error e = json_tokener_continue;
+    char buf[65536];
+    size_t n;
+    while (tok && e == json_tokener_continue && (n = fread(buf, 1, sizeof buf, f)) > 0) {
+        r = json_tokener_parse_ex(tok, buf, (int)n);
+        e = json_tokener_get_error(tok);
+    }
+    if (!tok)
+        snprintf(err, cap, "%s", strerror(ENOMEM));
+    else if (ferror(f))
+        snprintf(err, cap, "%s", strerror(errno ? errno : EIO));
+    else if (e == json_tokener_continue)
+        snprintf(err, cap, "the file ends before its JSON does (empty or cut short)");
+    else if (e != json_tokener_success)
+        snprintf(err, cap, "not JSON: %s at byte %zu", json_tokener_error_desc(e),
+                 json_tokener_get_parse_end(tok));
+    if (!tok || ferror(f) || e != json_tokener_success) {
+        json_object_put(r);
+        r = NULL;
+    }
+    json_tokener_free(tok);
+    fclose(f);
+    return r;
 }

@@ -30,8 +30,10 @@ static void run_usage(FILE *f)
         fprintf(f, "      --%-22s %s (default '%s'; env %s)\n", o->name, o->desc, o->def, o->env);
     }
     fprintf(f, "  -h, --help                  this text\n"
-               "\nEvery option is also an environment variable for direct use:\n"
-               "  LD_PRELOAD=liballoclens.so ALLOCLENS_OUTPUT=r.json CMD\n");
+               "\nEvery option is also an environment variable for direct use (empty: its default):\n"
+               "  LD_PRELOAD=liballoclens.so ALLOCLENS_OUTPUT=r.json CMD\n"
+               "\nExit status: CMD's own (run becomes CMD: a signal that ends CMD ends it), 127 when\n"
+               "CMD is not found, 126 when it cannot be run, 2 for bad arguments (nothing runs).\n");
 }
 
 /* The options table as the README shows it (a test keeps the two identical). */
@@ -66,15 +68,16 @@ static const struct al_option *find_option(const char *name, size_t len)
     return NULL;
 }
 
-/* The report is opened by the program at exit, after it may have changed directory. */
-static int absolute_output(const char *path, char *out, size_t cap)
+/* A path the program's processes open, after they may have changed directory: absolute. */
+static int absolute(const struct al_option *o, const char *path, char *out, size_t cap)
 {
     int r = _al_path_absolute(path, out, cap);
     if (r == -ENAMETOOLONG)
-        fprintf(stderr, "alloclens: report path %s is too long\n", path);
-    if (r < 0)
-        return -1;
-    return _al_cli_check_writable(out, path, "the report");
+        fprintf(stderr, "alloclens: --%s %s: the path is too long\n", o->name, path);
+    else if (r < 0)
+        fprintf(stderr, "alloclens: --%s %s: the current directory's name is lost (%s): give an "
+                "absolute path\n", o->name, path, strerror(errno));
+    return r < 0 ? -1 : 0;
 }
 
 static int set_value(const struct al_option *o, const char *value)
@@ -94,14 +97,39 @@ static int set_value(const struct al_option *o, const char *value)
         }
     }
     char abs[PATH_MAX];
-    /* '' (not written), '-' (stderr) and 'off' are not paths. */
-    if (o->written_at_exit && value[0] && strcmp(value, "-") && strcmp(value, "off")) {
-        if (absolute_output(value, abs, sizeof abs) < 0)
+    /* '' (not written, or the default), '-' (stderr) and 'off' are not paths. */
+    bool path = o->written_at_exit || o == &_al_options[AL_OPT_CONFIG];
+    if (path && value[0] && strcmp(value, "-") && strcmp(value, "off")) {
+        if (absolute(o, value, abs, sizeof abs) < 0 ||
+            (o->written_at_exit && _al_cli_check_writable(abs, value, "the report") < 0))
             return -1;
         value = abs;
     }
     setenv(o->env, value, 1);
     return 0;
+}
+
+/* Events named by the user (--events or ALLOCLENS_EVENTS) that libpfm4 does not know: said
+ * once here, before anything runs, rather than by every process of the run. */
+static int check_events(void)
+{
+    const char *events = getenv(_al_options[AL_OPT_EVENTS].env);
+    if (!events || !*events || !strcmp(events, "off") || !strcmp(events, "default"))
+        return 0;
+    char name[sizeof ((struct al_event *)0)->name], err[192];
+    bool too_long;
+    int r = 0;
+    for (const char *p = events; r == 0 && _al_event_next_name(&p, name, sizeof name, &too_long);) {
+        struct perf_event_attr attr;
+        if (too_long)
+            snprintf(err, sizeof err, "event name '%s...' is too long", name);
+        if (too_long || _al_event_resolve(name, &attr, err, sizeof err) != 0) {
+            fprintf(stderr, "alloclens: --events: %s\n", err);
+            r = -1;
+        }
+    }
+    _al_event_names_done();
+    return r;
 }
 
 /* The events named once here, with libpfm4, for every process of the run (see event_names.c). */
@@ -119,6 +147,8 @@ static void resolve_events_ahead(void)
 
 static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
 {
+    if (check_events() < 0)
+        return 2;
     const char *unreachable = _al_preload_unreachable(cmd[0], true);
     if (unreachable)
         fprintf(stderr, "alloclens: %s %s, so it runs unprofiled and writes no report\n", cmd[0],
@@ -126,6 +156,11 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
     char lib[PATH_MAX];
     if (_al_cli_sibling("../interpose/liballoclens.so", "liballoclens.so", lib, sizeof lib) < 0) {
         fprintf(stderr, "alloclens: cannot find liballoclens.so (looked beside this command and in %s)\n", lib);
+        return 2;
+    }
+    if (strpbrk(lib, AL_PRELOAD_SEPARATORS)) {
+        fprintf(stderr, "alloclens: liballoclens.so is %s, a path LD_PRELOAD cannot name (the loader "
+                "splits it at spaces and colons): build or install alloclens elsewhere\n", lib);
         return 2;
     }
     const char *old = getenv("LD_PRELOAD");

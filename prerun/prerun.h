@@ -29,7 +29,12 @@ struct al_probe_counters {
 int _al_prerun_probe(const char *allocator_path, const char *probe_exe, struct al_alloc_config *out,
                      bool verbose, char *err, size_t errcap);
 
-/* cache.c: writes C to PATH (making its directories); 0, or -errno with a line in ERR. */
-int _al_prerun_write_config(const char *path, const struct al_alloc_config *c, char *err, size_t errcap);
+/* cache.c: writes C to PATH (making its directories with MAKE_PARENTS: the cache's); 0, or
+ * -errno with a line in ERR. */
+int _al_prerun_write_config(const char *path, const struct al_alloc_config *c, bool make_parents, char *err,
+                            size_t errcap);
+/* The file a user's PATH names, in TARGET: PATH itself, or the file a symbolic link names;
+ * refused (-errno, a line in ERR) where PATH is there but no regular file. */
+int _al_prerun_output_target(const char *path, char *target, size_t cap, char *err, size_t errcap);
 
 #endif

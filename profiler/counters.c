@@ -198,6 +198,13 @@ static __attribute__((format(printf, 1, 2))) void add_reason(const char *fmt, ..
     va_end(ap);
 }
 
+/* Whether this process tells what is wrong with the events a user named: the run's main one
+ * does, for all of its processes (struct al_settings). */
+static bool tells(bool user)
+{
+    return user && !_al_settings.told_already;
+}
+
 /* Resolves LIST into _al_counters.events. User-named events that do not resolve are warned
  * about and dropped when USER; the default sets always resolve. */
 static void resolve_list(const char *list, bool user)
@@ -208,17 +215,19 @@ static void resolve_list(const char *list, bool user)
     bool too_long;
     while (_al_event_next_name(&p, name, sizeof name, &too_long)) {
         if (too_long) {
-            _al_log("event '%s...': name too long, ignored", name);
+            if (tells(user))
+                _al_log("event '%s...': name too long, ignored", name);
             continue;
         }
         if (_al_counters.nevents == AL_MAX_EVENTS) {
-            _al_log("event '%s' ignored: at most %d events are counted", name, AL_MAX_EVENTS);
+            if (tells(user))
+                _al_log("event '%s' ignored: at most %d events are counted", name, AL_MAX_EVENTS);
             continue;
         }
         struct al_event *ev = &_al_counters.events[_al_counters.nevents];
         char err[192];
         if (_al_event_resolve(name, &ev->attr, err, sizeof err) != 0) {
-            if (user)
+            if (tells(user))
                 _al_log("%s; not counted", err);
             continue;
         }
@@ -254,7 +263,7 @@ static int probe_all(bool user, bool *user_only)
         }
         if (is_denied(e))
             return e;
-        if (user)
+        if (tells(user))
             _al_log("event '%s' cannot be counted on this machine (perf_event_open: %s)%s; not counted",
                     _al_counters.events[i].name, strerror(e),
                     is_no_pmu(e) && !is_software(&_al_counters.events[i].attr) ? ": no hardware PMU" : "");

@@ -66,7 +66,9 @@ int _al_option_parse_num(const struct al_option *o, const char *text, long long 
     const char *p = text;
     while (*p == ' ' || *p == '\t')
         p++;
-    if (*p == '-')
+    if (*p == '-' && strspn(p + 1, "0") == strlen(p + 1) && p[1])
+        p += strlen(p) - 1; /* -0 is 0 */
+    else if (*p == '-')
         return (p[1] >= '0' && p[1] <= '9') ? -ERANGE : -EINVAL; /* negative: a number, out of range */
     if (*p < '0' || *p > '9')
         return -EINVAL;
@@ -88,6 +90,8 @@ int _al_option_parse_num(const struct al_option *o, const char *text, long long 
         else if (shift && (*end == 'b' || *end == 'B'))
             end++;
     }
+    while (*end == ' ' || *end == '\t') /* blanks around, as before it */
+        end++;
     if (*end != '\0')
         return -EINVAL;
     if (shift && v > (ULLONG_MAX >> shift))
@@ -117,6 +121,14 @@ const char *_al_env_in(char *const env[], const char *name)
     return NULL;
 }
 
+/* Whether the settings' faults are this process's to leave untold (struct al_settings). */
+static bool told;
+#define settings_log(...)            \
+    do {                             \
+        if (!told)                   \
+            _al_log(__VA_ARGS__);    \
+    } while (0)
+
 static long long num_setting(enum al_opt_id id, bool *given)
 {
     *given = false;
@@ -124,7 +136,7 @@ static long long num_setting(enum al_opt_id id, bool *given)
     long long def = 0;
     _al_option_parse_num(o, o->def, &def);
     const char *v = _al_env(o->env);
-    if (!v)
+    if (!v || !*v)
         return def;
     long long val;
     int r = _al_option_parse_num(o, v, &val);
@@ -133,10 +145,10 @@ static long long num_setting(enum al_opt_id id, bool *given)
         return val;
     }
     if (r == -ERANGE)
-        _al_log("%s='%s' is out of range [%lld, %lld]; using the default %s", o->env, v, o->min,
-                o->max, o->def);
+        settings_log("%s='%s' is out of range [%lld, %lld]; using the default %s", o->env, v, o->min,
+                     o->max, o->def);
     else
-        _al_log("%s='%s' is not a number; using the default %s", o->env, v, o->def);
+        settings_log("%s='%s' is not a number; using the default %s", o->env, v, o->def);
     return def;
 }
 
@@ -145,13 +157,13 @@ static long long num_setting(enum al_opt_id id, bool *given)
 static const char *str_setting(struct al_settings *s, enum al_opt_id id, size_t cap)
 {
     const char *v = _al_env(_al_options[id].env);
-    if (!v)
+    if (!v || !*v)
         v = _al_options[id].def;
     if (!*v)
         return NULL;
     size_t n = strlen(v);
     if (n >= cap || n >= sizeof s->strings - s->strings_used) {
-        _al_log("%s is longer than %zu bytes; ignored", _al_options[id].env, cap - 1);
+        settings_log("%s is longer than %zu bytes; ignored", _al_options[id].env, cap - 1);
         return NULL;
     }
     char *store = s->strings + s->strings_used;
@@ -205,11 +217,19 @@ int _al_mode_parse(const char *text)
 void _al_settings_load(struct al_settings *s)
 {
     s->strings_used = 0;
+    bool given;
+    told = false;
+    s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
+    s->told_already = told = s->main_pid != 0 && s->main_pid != getpid();
     s->output = path_setting(s, AL_OPT_OUTPUT);
     s->text = path_setting(s, AL_OPT_TEXT);
     if (s->text && strcmp(s->text, "off") == 0)
         s->text = NULL;
-    bool given;
+    if (s->text && s->output && strcmp(s->text, s->output) == 0) {
+        settings_log("%s and %s name the same file (%s): the text report goes to stderr instead",
+                     _al_options[AL_OPT_TEXT].env, _al_options[AL_OPT_OUTPUT].env, s->output);
+        s->text = "-";
+    }
     s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD, &s->large_threshold_set);
     s->config = str_setting(s, AL_OPT_CONFIG, AL_SETTING_STRING_MAX);
     s->allocator = str_setting(s, AL_OPT_ALLOCATOR, AL_SETTING_STRING_MAX);
@@ -222,10 +242,9 @@ void _al_settings_load(struct al_settings *s)
     const char *mode = _al_env(_al_options[AL_OPT_MODE].env);
     int m = _al_mode_parse(mode);
     s->mode = m < 0 ? AL_MODE_FULL : (enum al_mode)m;
-    if (mode && m < 0)
-        _al_log("%s='%s' is none of 'full', 'time' or 'sample'; using the default full",
-                _al_options[AL_OPT_MODE].env, mode);
-    s->main_pid = (pid_t)num_setting(AL_OPT_MAIN_PID, &given);
+    if (mode && *mode && m < 0)
+        settings_log("%s='%s' is none of 'full', 'time' or 'sample'; using the default full",
+                     _al_options[AL_OPT_MODE].env, mode);
     s->event_attrs = str_setting(s, AL_OPT_EVENT_ATTRS, AL_SETTING_STRING_MAX);
     s->stderr_id = str_setting(s, AL_OPT_STDERR, 64);
     const char *preload = _al_env("LD_PRELOAD");

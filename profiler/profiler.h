@@ -375,6 +375,8 @@ struct al_settings {
     const char *event_attrs; /* the events' encodings, resolved by 'alloclens run', or NULL */
     const char *stderr_id;  /* the run's stderr, DEV:INO or "closed" (set by 'alloclens run'), or NULL */
     bool under_valgrind;    /* its preload is in LD_PRELOAD: the program runs on its synthetic CPU */
+    bool told_already;      /* a process of a run whose main one (not this) has told what is
+                               wrong with the settings, the same for every process: not again */
     /* The string values, one after the other: a short program's settings touch one page of
      * this, not one each. Each has its own limit too (AL_SETTING_STRING_MAX, events less). */
     char strings[7 * AL_SETTING_STRING_MAX + AL_SETTING_EVENTS_MAX]; /* seven strings and the events */
@@ -382,7 +384,8 @@ struct al_settings {
 };
 
 /* Reads every option from the environment; a bad value is warned about (one line naming the
- * variable) and the default kept. Never allocates. */
+ * variable, by the run's main process only) and the default kept; an empty one is the
+ * default. Never allocates. */
 void _al_settings_load(struct al_settings *s);
 /* PATH made absolute against the working directory into OUT: 0, -ENAMETOOLONG where it does
  * not fit CAP, -1 where the directory has no name (removed). */

@@ -136,10 +136,10 @@ def test_bad_variables(tap):
     out = os.path.join(tmp, "r.json")
     run([LEAF, "3", "200"], env=clean_env(LD_PRELOAD=SO, ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off"), cwd=tmp)
     alloc = (load(out) or {}).get("allocator", {})
-    want = (alloc.get("large_threshold"), alloc.get("large_threshold_source"))
+    want = baseline = (alloc.get("large_threshold"), alloc.get("large_threshold_source"))
     tap.ok(want[1] in ("default", "config") and (want[1] == "config" or want[0] == 131072),
            "no ALLOCLENS_LARGE_THRESHOLD: the default 131072 or the cached config's threshold", alloc)
-    for value in ["abc", "-5", "99999999999999999999", "0", "", "12Q", "1T", "0x10"]:
+    for value in ["abc", "-5", "99999999999999999999", "0", "12Q", "1T", "0x10"]:
         tmp = tmpdir()
         out, txt = os.path.join(tmp, "r.json"), os.path.join(tmp, "r.txt")
         desc = f"ALLOCLENS_LARGE_THRESHOLD='{value}'"
@@ -167,6 +167,47 @@ def test_bad_variables(tap):
         tap.ok(r is not None and r.get("allocator", {}).get("large_threshold") == want,
                f"{desc}: report's large_threshold is {want}",
                f"report: {None if r is None else r.get('allocator')}")
+
+    # Set but empty: the default, as if unset, and nothing to say.
+    tmp = tmpdir()
+    out = os.path.join(tmp, "r.json")
+    desc = "ALLOCLENS_LARGE_THRESHOLD='' (empty: the default)"
+    plain, prof = direct(tmp, [LEAF, "3", "200"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
+                         ALLOCLENS_LARGE_THRESHOLD="")
+    same_as_plain(tap, desc, plain, prof)
+    got = (load(out) or {}).get("allocator", {})
+    tap.ok(prof is not None and prof.stderr == ""
+           and (got.get("large_threshold"), got.get("large_threshold_source")) == baseline,
+           f"{desc}: nothing on stderr, the threshold of a run without it",
+           f"report: {got.get('large_threshold')} ({got.get('large_threshold_source')})\n{show(prof)}")
+    tmp = tmpdir()
+    desc = "ALLOCLENS_TEXT='' (empty: the default, stderr)"
+    plain, prof = direct(tmp, [LEAF, "0", "100"], ALLOCLENS_TEXT="")
+    same_as_plain(tap, desc, plain, prof)
+    tap.ok(prof is not None and "== alloclens report" in prof.stderr,
+           f"{desc}: the text report on stderr", show(prof))
+
+    # The JSON and the text asked into one file: one line, the JSON kept, the text on stderr.
+    tmp = tmpdir()
+    out = os.path.join(tmp, "same.json")
+    desc = "ALLOCLENS_OUTPUT and ALLOCLENS_TEXT the same file"
+    plain, prof = direct(tmp, [LEAF, "0", "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT=out)
+    same_as_plain(tap, desc, plain, prof)
+    said = [l for l in lines(prof.stderr if prof else "") if l.startswith("alloclens[")]
+    tap.ok(len(said) == 1 and "ALLOCLENS_TEXT" in said[0] and "ALLOCLENS_OUTPUT" in said[0]
+           and load(out) is not None and "== alloclens report" in prof.stderr,
+           f"{desc}: one line naming both, the JSON report intact, the text on stderr", show(prof))
+
+    # Every process of a run reads the same settings: only its main process tells what is
+    # wrong with them, not each program a shell starts.
+    for var, value in (("ALLOCLENS_SAMPLE_RATE", "junk"), ("ALLOCLENS_EVENTS", "no-such-event")):
+        tmp = tmpdir()
+        desc = f"{var}={value}, a shell running three programs"
+        argv = ["sh", "-c", f"{LEAF} 0 50; {LEAF} 0 50; {LEAF} 3 50"]
+        plain, prof = direct(tmp, argv, ALLOCLENS_OUTPUT=os.path.join(tmp, "r.json"),
+                             ALLOCLENS_TEXT="off", **{var: value})
+        same_as_plain(tap, desc, plain, prof)
+        one_line(tap, desc, prof, var if var != "ALLOCLENS_EVENTS" else value)
 
     # A forking program: the children inherit the settings, not a second warning.
     tmp = tmpdir()
@@ -475,6 +516,25 @@ def test_cli_usage(tap):
            show(p))
     p = run([cli, "bogus"])
     one_line(tap, "alloclens bogus", p, "bogus", status=2)
+    p = run([cli, "compare", "--bogus"])
+    one_line(tap, "compare --bogus", p, "unknown option", "--bogus", status=2)
+    p = run([cli, "prerun", "-a"])
+    one_line(tap, "prerun -a (no value)", p, "-a", "needs a value", status=2)
+    for value in ("-0", " 4096 "):
+        p = run([cli, "run", "--text", "off", "--sample-rate", value, "--", LEAF, "0", "10"])
+        tap.ok(p is not None and p.returncode == 0 and p.stderr == "",
+               f"run --sample-rate '{value}': accepted", show(p))
+    # What a command prints is not lost unsaid: stdout full or closed, one line, status 1.
+    if os.path.exists("/dev/full"):
+        for argv in (["allocators"], ["options"], ["--help"], ["run", "--help"]):
+            with open("/dev/full", "w") as full:
+                p = subprocess.run([cli, *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                                   env=clean_env(), timeout=TIMEOUT)
+            p.stdout = ""
+            one_line(tap, f"alloclens {' '.join(argv)} > /dev/full", p, "stdout", os.strerror(28), status=1)
+    p = subprocess.run(["sh", "-c", f"exec {cli} allocators >&-"], capture_output=True, text=True,
+                       env=clean_env(), timeout=TIMEOUT)
+    one_line(tap, "alloclens allocators with stdout closed", p, "stdout", status=1)
     for argv in (["--help"], ["help"], ["-h"]):
         p = run([cli, *argv])
         tap.ok(p is not None and p.returncode == 0 and "run" in p.stdout
@@ -620,6 +680,85 @@ def test_setuid_program(tap):
     unreachable_program(tap, "a set-user-ID program", prog, 6, "set-user-ID")
 
 
+def test_paths(tap):
+    """Report, config and library paths: a symbolic link to nothing as -o is written through
+    (the link kept); a relative path whose directory has lost its name is refused with one line;
+    a relative --config is found after the program changes directory; a library path LD_PRELOAD
+    cannot name (a space, a colon) is refused with one line; prerun -o replaces only a regular
+    file (a FIFO is refused and kept, a link's file is replaced and the link kept) and makes no
+    directory; events libpfm4 does not know are refused before anything runs."""
+    cli = altest.cli()
+    tmp = tmpdir()
+    link, target = os.path.join(tmp, "dangling.json"), os.path.join(tmp, "target.json")
+    os.symlink(target, link)
+    p = run([cli, "run", "--text", "off", "-o", link, "--", LEAF, "0", "50"])
+    tap.ok(p is not None and p.returncode == 0 and os.path.islink(link) and load(target) is not None,
+           "run -o a symbolic link to nothing: the report in the link's target, the link kept",
+           f"link kept: {os.path.islink(link)}; target: {os.path.exists(target)}\n{show(p)}")
+
+    gone = os.path.join(tmpdir(), "gone")
+    os.mkdir(gone)
+    marker = os.path.join(tmp, "ran")
+    proc = subprocess.Popen(["sh", "-c", f"cd {gone} && rmdir {gone} && exec {cli} run -o r.json -- touch {marker}"],
+                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    one_line(tap, "run -o r.json in a removed directory", p, "r.json", status=2)
+    tap.ok(not os.path.exists(marker), "run -o r.json in a removed directory: nothing run")
+
+    conf = os.path.join(tmp, "glibc.conf")
+    p = run([cli, "prerun", "-a", "glibc", "-o", conf])
+    if tap.ok(p is not None and p.returncode == 0, "prerun -a glibc -o FILE", show(p)):
+        out = os.path.join(tmp, "rel.json")
+        p = run([cli, "run", "--text", "off", "-o", out, "--config", "glibc.conf", "--",
+                 "sh", "-c", f"cd / && exec {LEAF} 0 50"], cwd=tmp)
+        r = load(out) or {}
+        tap.ok(p is not None and p.returncode == 0 and p.stderr == ""
+               and r.get("allocator", {}).get("large_threshold_source") == "config",
+               "run --config RELATIVE, the program in another directory: the config is used",
+               f"report allocator: {r.get('allocator')}\n{show(p)}")
+
+    spaced = os.path.join(tmpdir(), "with space")
+    os.makedirs(os.path.join(spaced, "cli"))
+    os.makedirs(os.path.join(spaced, "interpose"))
+    shutil.copy2(cli, os.path.join(spaced, "cli"))
+    shutil.copy2(SO, os.path.join(spaced, "interpose"))
+    p = run([os.path.join(spaced, "cli", os.path.basename(cli)), "run", "--", "sh", "-c", f"touch {marker}"])
+    one_line(tap, "alloclens installed under a path with a space", p, "liballoclens.so", "space", status=2)
+    lib = os.path.join(spaced, "libc-copy.so")
+    shutil.copy2(altest.allocators()["glibc"], lib)
+    p = run([cli, "run", "-a", lib, "--", "sh", "-c", f"touch {marker}"])
+    one_line(tap, "run -a a library under a path with a space", p, lib, status=2)
+    tap.ok(not os.path.exists(marker), "a path LD_PRELOAD cannot name: nothing run")
+
+    p = run([cli, "run", "--events", "page-faults,no-such-event", "--", "sh", "-c", f"touch {marker}"])
+    one_line(tap, "run --events with an unknown event", p, "no-such-event", status=2)
+    tap.ok(not os.path.exists(marker), "run --events with an unknown event: nothing run")
+
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    p = run([cli, "prerun", "-a", "glibc", "-o", fifo])
+    one_line(tap, "prerun -o a FIFO", p, fifo, "not a regular file", status=2)
+    tap.ok(stat.S_ISFIFO(os.lstat(fifo).st_mode), "prerun -o a FIFO: the FIFO is still there")
+    nothing = os.path.join(tmp, "to-nothing.conf")
+    os.symlink(os.path.join(tmp, "nothing"), nothing)
+    p = run([cli, "prerun", "-a", "glibc", "-o", nothing])
+    one_line(tap, "prerun -o a symbolic link to nothing", p, nothing, status=2)
+    real, linked = os.path.join(tmp, "real.conf"), os.path.join(tmp, "linked.conf")
+    with open(real, "w") as f:
+        f.write("old\n")
+    os.symlink(real, linked)
+    p = run([cli, "prerun", "-a", "glibc", "-o", linked])
+    with open(real) as f:
+        head = f.read(64)
+    tap.ok(p is not None and p.returncode == 0 and os.path.islink(linked) and head != "old\n",
+           "prerun -o a symbolic link to a file: the file replaced, the link kept", show(p))
+    missing_dir = os.path.join(tmp, "no", "such", "dir")
+    p = run([cli, "prerun", "-a", "glibc", "-o", os.path.join(missing_dir, "x.conf")])
+    one_line(tap, "prerun -o into a missing directory", p, missing_dir, status=2)
+    tap.ok(not os.path.exists(os.path.join(tmp, "no")), "prerun -o into a missing directory: none made")
+
+
 def test_configs(tap):
     """A malformed, missing or mismatched allocator config: one line naming the file (and the
     line, for a malformed one); the program runs as it would."""
@@ -733,6 +872,7 @@ def main():
     test_static_program(tap)
     test_setuid_program(tap)
     test_configs(tap)
+    test_paths(tap)
     test_no_proc(tap)
     if not tap.failed:
         for d in DIRS:
