@@ -19,6 +19,9 @@ struct al_allocator_info _al_allocator;
 al_usable_size_fn *_al_usable_size;
 const void *_al_real_posix_spawn;
 
+/* glibc's own registration, which pthread_atfork calls with the caller's __dso_handle. */
+extern int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void), void *dso);
+
 static __thread int initializing_here __attribute__((tls_model("initial-exec")));
 static const struct al_process_hooks *hooks;
 static pid_t image_pid;
@@ -203,7 +206,10 @@ void _al_process_start(int argc, char *const argv[])
     _al_report_restart(argc, argv);
     _al_threads_phase_restart();
     on_exit(on_exit_report, NULL);
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    /* Registered for no library (pthread_atfork would name ours): exit's _dl_fini runs before
+     * our report and takes a library's fork handlers away with it, so a fork racing exit on
+     * another thread would run our prepare handler and never the one that unlocks. */
+    __register_atfork(atfork_prepare, atfork_parent, atfork_child, NULL);
     hooks->started();
     _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),
                            _al_settings.allocator);

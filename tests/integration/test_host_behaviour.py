@@ -261,6 +261,7 @@ CASES = [
          check=check_sigchld),
     case("dlopen/dlclose plugin", "host_dlopen", ["@plugin"]),
     case("exit(3) with 4 detached threads allocating", "host_exit_threads", ["exit"]),
+    case("exit(7) while 3 threads fork without pause and 2 allocate", "host_fork", ["exit-forking"]),
     case("return 4 from main with threads allocating", "host_exit_threads", ["return"]),
     case("_exit(5) with threads allocating", "host_exit_threads", ["_exit"]),
     case("_exit(3)", "host_quick_exit", ["_exit"], check=check_quick_exit),

@@ -13,13 +13,19 @@
  *                            child's status + 1; the top prints the status it got (3). A
  *                            fork while another thread was inside the profiler's unwinder left
  *                            a lock of libunwind's held in the child: its threads waited for
- *                            good (about one run in two) */
+ *                            good (about one run in two)
+ *        host_fork exit-forking  3 threads fork without pause (each child allocates and
+ *                            _exits 0), 2 allocate, and main calls exit(7) after 20 ms: exit
+ *                            took the profiler's fork handlers away while a fork was between
+ *                            them, its locks stayed held and the report waited for good (or,
+ *                            under jemalloc, glibc aborted) */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static unsigned long churn(int n, int seed)
@@ -236,6 +242,42 @@ static int with_atexit(void)
     return 0;
 }
 
+static void *fork_forever(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pid_t p = fork();
+        if (p == 0) {
+            for (int i = 0; i < 10; i++)
+                free(malloc(10));
+            _exit(0);
+        }
+        if (p > 0)
+            waitpid(p, NULL, 0);
+    }
+    return NULL;
+}
+
+static void *churn_forever(void *arg)
+{
+    for (int i = (int)(long)arg;; i++)
+        churn(200, i);
+    return NULL;
+}
+
+static int exit_forking(void)
+{
+    pthread_t t;
+    for (long i = 0; i < 5; i++)
+        if (pthread_create(&t, NULL, i < 3 ? fork_forever : churn_forever, (void *)i) != 0)
+            return 1;
+    struct timespec pause = { 0, 20000000 };
+    nanosleep(&pause, NULL);
+    printf("exit-forking: exiting\n");
+    fflush(stdout);
+    exit(7);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "basic";
@@ -245,6 +287,8 @@ int main(int argc, char **argv)
         return nested();
     if (!strcmp(mode, "threads"))
         return threads();
+    if (!strcmp(mode, "exit-forking"))
+        return exit_forking();
     if (!strcmp(mode, "atexit"))
         return with_atexit();
     if (!strcmp(mode, "tree"))
