@@ -508,7 +508,7 @@ static int open_set(struct al_thread_counters *c, unsigned *failed)
     return 0;
 }
 
-static AL_COLD void open_group(struct al_thread_counters *c)
+static void open_group_now(struct al_thread_counters *c)
 {
     if (!_al_counters.available || _al_counters.nevents == 0 ||
         atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed)) {
@@ -530,6 +530,15 @@ static AL_COLD void open_group(struct al_thread_counters *c)
                 ev ? "'" : "", strerrorname_np(e));
     close_set(c, true);
     c->state = -1;
+}
+
+/* Inside the program's allocator call, as read_one: the close(2) of moving a descriptor out of
+ * the program's way is a cancellation point, where a pending cancel would end the thread. */
+static AL_COLD void open_group(struct al_thread_counters *c)
+{
+    int cancel = _al_nocancel_begin();
+    open_group_now(c);
+    _al_nocancel_end(cancel);
 }
 
 int _al_counter_read_fd(int fd, uint64_t *value)

@@ -14,7 +14,9 @@
  *            addresses through one) must not be cancelled there, holding its locks. The same
  *            allocations are made and freed once before the cancel, so the allocator has the
  *            memory already: tcmalloc's own growth path walks the stack with libunwind too, and
- *            would be cancelled inside malloc without any profiler
+ *            would be cancelled inside malloc without any profiler. Then another thread with a
+ *            cancel pending from the start makes 300 small malloc/free pairs: none of its first
+ *            calls may be where the cancel acts
  *   keys     creates pthread keys until none is left and prints how many it got: a profiler
  *            that takes keys for itself takes them from the program
  *   smallstack  8 threads with the smallest stack allowed (PTHREAD_STACK_MIN) allocate, then
@@ -187,20 +189,43 @@ static void *pending(void *arg)
     return NULL;
 }
 
-static int cancel_pending(void)
+/* A thread whose first allocator calls all come with the cancel pending: the one that first
+ * counts events (the 100th) opens the thread's counters, moving their descriptors out of the
+ * program's way with close(2), a cancellation point. */
+static void *pending_first(void *arg)
+{
+    (void)arg;
+    atomic_store(&pending_ready, 1);
+    while (!atomic_load(&pending_sent))
+        ;
+    for (int i = 0; i < 300; i++) {
+        void *p = malloc(64);
+        if (!p)
+            exit(91);
+        free(p);
+        atomic_store(&pending_made, i + 1);
+    }
+    pthread_testcancel();
+    return NULL;
+}
+
+static int cancel_pending(void *(*fn)(void *), int made)
 {
     pthread_t t;
-    pthread_create(&t, NULL, pending, NULL);
+    atomic_store(&pending_ready, 0);
+    atomic_store(&pending_sent, 0);
+    atomic_store(&pending_made, 0);
+    pthread_create(&t, NULL, fn, NULL);
     while (!atomic_load(&pending_ready))
         usleep(100);
     pthread_cancel(t);
     atomic_store(&pending_sent, 1);
     void *r;
     pthread_join(t, &r);
-    /* malloc is no cancellation point: all 64 are made before the thread is cancelled. */
+    /* malloc and free are no cancellation points: all are made before the thread is cancelled. */
     printf("cancel-pending: %s after %d allocations\n",
            r == PTHREAD_CANCELED ? "cancelled" : "not cancelled", atomic_load(&pending_made));
-    return r == PTHREAD_CANCELED && atomic_load(&pending_made) == 64 ? 0 : 1;
+    return r == PTHREAD_CANCELED && atomic_load(&pending_made) == made ? 0 : 1;
 }
 
 static int keys(void)
@@ -281,7 +306,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "cancel"))
         return cancel();
     if (!strcmp(mode, "cancel-pending"))
-        return cancel_pending();
+        return cancel_pending(pending, 64) | cancel_pending(pending_first, 300);
     if (!strcmp(mode, "keys"))
         return keys();
     if (!strcmp(mode, "smallstack"))
