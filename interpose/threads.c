@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include "interpose.h"
 
@@ -55,11 +56,18 @@ static void *trampoline(void *p)
     void *arg = s->arg;
     start_put(s);
     _al_thread_announced();
+    /* A signal sent to the new thread at once waits until its state is made and it is no
+     * longer busy: a handler that allocates is then counted as the program's call it is. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigdelset(&all, SIGSYS);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     struct al_thread *t = _al_tls ? _al_tls : _al_enter_slow();
     if (t) {
         _al_thread_started(t);
         _al_unbusy(t);
     }
+    _al_signals_restore(&old);
     return fn(arg);
 }
 

@@ -371,7 +371,7 @@ static void thread_born(void)
         reg.max_live = (uint64_t)before + 1;
 }
 
-struct al_thread *_al_thread_attach(void)
+static struct al_thread *attach(void)
 {
     struct al_thread *t = take_spare();
     if (!t && atomic_load_explicit(&reg.nlate, memory_order_relaxed)) {
@@ -411,6 +411,20 @@ struct al_thread *_al_thread_attach(void)
         __cxa_thread_atexit_impl(thread_exit, t, &__dso_handle);
         registering = false;
     }
+    return t;
+}
+
+/* With every signal blocked but SIGSYS, as the registry's lock: a handler that allocates on a
+ * thread making its state, before _al_tls names it, would make a second state inside the first,
+ * and both would register the one exit entry (a loop in the C library's list, freed twice). */
+struct al_thread *_al_thread_attach(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    sigdelset(&all, SIGSYS);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    struct al_thread *t = attach();
+    _al_signals_restore(&old);
     return t;
 }
 

@@ -124,6 +124,14 @@ def report_vallocs(report):
     return sum(int(r["count"]) for r in report.get("ops", []) if r["op"] == "valloc")
 
 
+def check_vallocs(tap, desc, main, sides, stdout, stderr):
+    """The program's vallocs (it prints valloc=N) are the report's, exactly."""
+    lines = valloc_lines(stdout)
+    got = report_vallocs(main) if main else None
+    tap.ok(len(lines) == 1 and got == lines[0], f"{desc}: every valloc counted",
+           f"program says {lines}, report {got}")
+
+
 def check_throw(tap, desc, main, sides, stdout, stderr):
     """host_throw: every failed operator new counted (large, address n/a), and the calls the
     program makes after the exceptions unwound through the wrappers counted."""
@@ -283,6 +291,8 @@ CASES = [
     case("pthread_cancel threads that allocate", "host_threads", ["cancel"]),
     case("a cancel pending while the thread allocates", "host_threads", ["cancel-pending"]),
     case("as many pthread keys as plain", "host_threads", ["keys"]),
+    case("1000 threads each sent at once a signal whose handler allocates", "host_threads",
+         ["signal-at-start"], check=check_vallocs),
     case("threads with the smallest stack; exit from one", "host_threads", ["smallstack"]),
     case("exec from a thread with the smallest stack", "host_threads",
          ["smallstack-exec", "@leaf"]),

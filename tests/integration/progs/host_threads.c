@@ -17,6 +17,12 @@
  *            would be cancelled inside malloc without any profiler. Then another thread with a
  *            cancel pending from the start makes 300 small malloc/free pairs: none of its first
  *            calls may be where the cancel acts
+ *   signal-at-start  1000 threads, one after another, each sent SIGUSR1 as soon as it is
+ *            created: the handler (which allocates: one valloc) often runs on the new thread
+ *            before its function, which waits for it and then makes 5 vallocs of its own; prints
+ *            valloc=6000. A handler that ran while the profiler made the thread's state made a
+ *            second state inside the first: the C library's list of thread-exit destructors
+ *            got a loop, and the process aborted on a double free
  *   keys     creates pthread keys until none is left and prints how many it got: a profiler
  *            that takes keys for itself takes them from the program
  *   smallstack  8 threads with the smallest stack allowed (PTHREAD_STACK_MIN) allocate, then
@@ -24,7 +30,9 @@
  *   smallstack-exec LEAF  a thread with the smallest stack execs LEAF (status 4): what runs
  *            before the exec runs on that stack */
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,6 +236,53 @@ static int cancel_pending(void *(*fn)(void *), int made)
     return r == PTHREAD_CANCELED && atomic_load(&pending_made) == made ? 0 : 1;
 }
 
+static _Thread_local volatile sig_atomic_t handled;
+static atomic_long vallocs;
+
+static void on_usr1_allocate(int sig)
+{
+    (void)sig;
+    void *p = valloc(64);
+    if (!p)
+        exit(92);
+    ((volatile char *)p)[0] = 1;
+    free(p);
+    atomic_fetch_add(&vallocs, 1);
+    handled = 1;
+}
+
+static void *after_signal(void *arg)
+{
+    while (!handled)
+        ; /* no allocator call of ours is in progress when the handler runs */
+    for (int i = 0; i < 5; i++) {
+        void *p = valloc(100);
+        if (!p)
+            exit(92);
+        free(p);
+        atomic_fetch_add(&vallocs, 1);
+    }
+    return arg;
+}
+
+static int signal_at_start(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1_allocate;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+    for (int i = 0; i < 1000; i++) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, after_signal, NULL) != 0)
+            return 1;
+        pthread_kill(t, SIGUSR1);
+        pthread_join(t, NULL);
+    }
+    printf("signal-at-start: 1000 threads\nvalloc=%ld\n", atomic_load(&vallocs));
+    return 0;
+}
+
 static int keys(void)
 {
     static pthread_key_t k[4096];
@@ -307,6 +362,8 @@ int main(int argc, char **argv)
         return cancel();
     if (!strcmp(mode, "cancel-pending"))
         return cancel_pending(pending, 64) | cancel_pending(pending_first, 300);
+    if (!strcmp(mode, "signal-at-start"))
+        return signal_at_start();
     if (!strcmp(mode, "keys"))
         return keys();
     if (!strcmp(mode, "smallstack"))
