@@ -2,17 +2,22 @@
  * which decides the serial/parallel phase of every call. The new thread starts in a
  * trampoline that attaches its state before running the program's function, so its exit is
  * seen (through the thread-exit destructor it registers) however it ends: return,
- * pthread_exit or cancel. */
+ * pthread_exit or cancel. A thread started by a library's constructor or destructor, inside
+ * the loader, registers none (that takes the loader's lock, which its creator holds): the end
+ * of its function, however it ends, is its exit. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/auxv.h>
 
 #include "interpose.h"
 
 struct start {
     void *(*fn)(void *);
     void *arg;
+    bool from_loader; /* asked for by a library's constructor or destructor */
     struct start *next;
 };
 
@@ -49,13 +54,22 @@ static void start_put(struct start *s)
     } while (!atomic_compare_exchange_weak(&free_starts, &old, new));
 }
 
+static void end_cleanup(void *unused)
+{
+    (void)unused;
+    _al_thread_end();
+}
+
 static void *trampoline(void *p)
 {
     struct start *s = p;
     void *(*fn)(void *) = s->fn;
     void *arg = s->arg;
+    bool from_loader = s->from_loader;
     start_put(s);
     _al_thread_announced();
+    if (from_loader)
+        _al_thread_exit_at_end();
     /* A signal sent to the new thread at once waits until its state is made and it is no
      * longer busy: a handler that allocates is then counted as the program's call it is. */
     sigset_t all, old;
@@ -68,7 +82,51 @@ static void *trampoline(void *p)
         _al_unbusy(t);
     }
     _al_signals_restore(&old);
-    return fn(arg);
+    if (!from_loader)
+        return fn(arg);
+    void *r;
+    pthread_cleanup_push(end_cleanup, NULL);
+    r = fn(arg);
+    pthread_cleanup_pop(1);
+    return r;
+}
+
+/* The dynamic loader's code, where it runs libraries' constructors and destructors (dlopen,
+ * dlclose, exit) holding its lock: [lo, hi), or empty where the loader is unknown. */
+static uintptr_t loader_lo, loader_hi;
+
+static void find_loader(void)
+{
+    uintptr_t base = (uintptr_t)getauxval(AT_BASE);
+    if (!base)
+        return; /* the program was run by naming the loader, or is static */
+    const ElfW(Ehdr) *eh = (const ElfW(Ehdr) *)base;
+    const ElfW(Phdr) *ph = (const ElfW(Phdr) *)(base + eh->e_phoff);
+    for (unsigned i = 0; i < eh->e_phnum; i++)
+        if (ph[i].p_type == PT_LOAD && (ph[i].p_flags & PF_X)) {
+            loader_lo = base + ph[i].p_vaddr;
+            loader_hi = loader_lo + ph[i].p_memsz;
+        }
+}
+
+/* Whether the calling thread runs inside the loader: a new thread's exit callback, whose
+ * registration waits for the loader's lock, could then wait for a creator that waits for the
+ * thread (a constructor that starts a thread and joins it). */
+static bool inside_loader(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, find_loader);
+    struct al_thread *t = _al_tls;
+    if (!t || t->busy || loader_lo == loader_hi)
+        return false;
+    t->busy = 1;
+    void *raw[24];
+    int n = _al_sampler_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
+    _al_unbusy(t);
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)raw[i] >= loader_lo && (uintptr_t)raw[i] < loader_hi)
+            return true;
+    return false;
 }
 
 static int (*real_pthread_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
@@ -92,6 +150,7 @@ AL_EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*
         return real_pthread_create(th, attr, fn, arg);
     s->fn = fn;
     s->arg = arg;
+    s->from_loader = inside_loader();
     _al_thread_spawning();
     int rc = real_pthread_create(th, attr, trampoline, s);
     if (rc != 0) {

@@ -589,6 +589,10 @@ void _al_thread_spawning(void);            /* pthread_create is about to start a
 void _al_thread_announced(void);           /* ... which runs: counted already */
 void _al_thread_spawn_failed(void);
 void _al_thread_started(struct al_thread *t);
+/* The calling thread, about to make its state, registers no exit callback: its start
+ * function's end (_al_thread_end, on return, pthread_exit or cancel) is taken as its exit. */
+void _al_thread_exit_at_end(void);
+void _al_thread_end(void);
 /* Puts back OLD, a mask pthread_sigmask returned, exactly (log.c): the C library's own
  * signals included, which pthread_sigmask would leave unblocked. */
 void _al_signals_restore(const sigset_t *old);

@@ -366,18 +366,24 @@ static AL_NOINLINE void tls_upkeep(struct al_thread *t)
     t->busy = 1;
 }
 
-static unsigned capture(uintptr_t *frames)
+int _al_sampler_backtrace(void **raw, int max)
 {
-    /* Where the program's seccomp filters may refuse what libunwind does, no stack: the sample
+    /* Where the program's seccomp filters may refuse what libunwind does, no stack: a sample
      * still counts, under a site with none. */
     if (!_al_seccomp_measures_ok())
         return 0;
-    void *raw[AL_SITE_FRAMES + 16];
     bool took = _al_sampler_unwind_lock();
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
-    int n = unw_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
+    int n = unw_backtrace(raw, max);
     _al_fds_ours = false;
     _al_sampler_unwind_unlock(took);
+    return n;
+}
+
+static unsigned capture(uintptr_t *frames)
+{
+    void *raw[AL_SITE_FRAMES + 16];
+    int n = _al_sampler_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
     unsigned k = 0;
     int i = 0;
     /* Drop our own frames: the stack starts at the program's call of malloc or new. */

@@ -104,6 +104,9 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower);
 /* The report is about to be gathered: before it maps anything, whether the process's peak RSS
  * rose since the last peak (the other modes). */
 void _al_sampler_report_begins(void);
+/* The calling thread's return addresses, innermost first, into RAW (at most MAX); how many.
+ * The thread must be busy: libunwind may allocate. */
+int _al_sampler_backtrace(void **raw, int max);
 /* Unwinding's lock (sampler.c), which fork takes first and releases last, and the table's.
  * Each lock returns false where the thread held it already (a signal handler interrupted
  * it there), and its unlock then leaves it held: pass what the lock returned. */

@@ -199,6 +199,16 @@ static __thread _Alignas(16) char entry_room[64] __attribute__((tls_model("initi
  * then take the path to the allocator, which never gave it. */
 static __thread sigset_t entry_mask;
 
+/* A thread a library's constructor or destructor started (interpose/threads.c): its creator
+ * holds the loader's lock, and may wait for it, while registering an exit callback takes that
+ * lock. Such a thread registers none; its start function's end is taken as its exit. */
+static __thread bool exit_at_end __attribute__((tls_model("initial-exec")));
+
+void _al_thread_exit_at_end(void)
+{
+    exit_at_end = true;
+}
+
 void *_al_thread_exit_entry(size_t size, size_t align)
 {
     if (AL_LIKELY(!registering) || entry || size > sizeof entry_room || align > 16)
@@ -271,6 +281,13 @@ static void thread_exit(void *arg)
         pthread_sigmask(SIG_BLOCK, &all, &entry_mask);
     }
     _al_tls = NULL;
+}
+
+void _al_thread_end(void)
+{
+    struct al_thread *t = _al_tls;
+    if (exit_at_end && t && !exited)
+        thread_exit(t);
 }
 
 void _al_threads_init(void)
@@ -405,7 +422,7 @@ static struct al_thread *attach(void)
     unlock();
     /* Allocates its list entry: busy is set, so that nested call is forwarded, not counted.
      * If it fails the thread's counts stay in the registry as if it were still running. */
-    if (!exited) {
+    if (!exited && !exit_at_end) {
         registering = true;
         entry = NULL;
         __cxa_thread_atexit_impl(thread_exit, t, &__dso_handle);

@@ -1,21 +1,58 @@
 /* host_plugin: a shared library that host_dlopen loads, uses and unloads. Its constructor and
- * destructor allocate too, so the profiler sees calls from code that comes and goes. */
+ * destructor allocate too, so the profiler sees calls from code that comes and goes.
+ *
+ * Built a second time with HOST_PLUGIN_THREADS (libhost_loader_threads.so): the constructor
+ * and the destructor each start a thread that allocates (one valloc) and wait for it, as a
+ * library setting up a background service does, inside the loader with its lock held; the
+ * destructor then prints valloc=2. */
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static char *state;
+
+#ifdef HOST_PLUGIN_THREADS
+static int vallocs;
+
+static void *worker(void *arg)
+{
+    void *p = valloc(100);
+    if (!p)
+        exit(93);
+    free(p);
+    vallocs++;
+    return arg;
+}
+
+static void run_worker(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, worker, NULL) != 0 || pthread_join(t, NULL) != 0)
+        exit(94);
+}
+#endif
 
 __attribute__((constructor)) static void plugin_init(void)
 {
     state = malloc(4096);
     if (state)
         strcpy(state, "plugin state");
+#ifdef HOST_PLUGIN_THREADS
+    run_worker();
+#endif
 }
 
 __attribute__((destructor)) static void plugin_fini(void)
 {
     free(state);
     state = NULL;
+#ifdef HOST_PLUGIN_THREADS
+    run_worker();
+    printf("valloc=%d\n", vallocs);
+    fflush(stdout);
+#endif
 }
 
 __attribute__((visibility("default"))) unsigned long plugin_work(int n)
