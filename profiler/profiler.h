@@ -914,7 +914,8 @@ AL_INLINE struct al_thread *_al_selector_open(void)
 
 const char *_al_syscall_name(unsigned kind);
 void _al_syscalls_init(void);
-void _al_syscalls_thread_init(struct al_thread *t);
+/* The thread's selector, and with DISPATCH its system calls dispatched to us. */
+void _al_syscalls_thread_init(struct al_thread *t, bool dispatch);
 /* False when the state must not be handed to another thread: dispatch is on for this one and
  * cannot be turned off (a seccomp filter may refuse the prctl), so the kernel goes on reading
  * its selector until it is gone. */

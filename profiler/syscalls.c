@@ -277,11 +277,11 @@ void _al_syscalls_init(void)
     _al_syscalls.dispatch = true;
 }
 
-void _al_syscalls_thread_init(struct al_thread *t)
+void _al_syscalls_thread_init(struct al_thread *t, bool dispatch)
 {
     t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
     t->dispatching = false;
-    if (!_al_syscalls.dispatch || atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed))
+    if (!dispatch || !_al_syscalls.dispatch || atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed))
         return;
     /* A signal mask inherited across exec (from a thread of the parent that blocked every
      * signal, say) may block SIGSYS: the first system call the allocator made would end the

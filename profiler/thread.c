@@ -110,9 +110,17 @@ static void add_extra(struct al_measure_totals *d, const struct al_thread *t)
         dst[i] += AL_READ(src[i]);
 }
 
+/* Set once this thread's exit callback ran: calls it still makes (later destructors, and the
+ * free of the callback's own list entry) get a state that is not registered again, or the
+ * C library's loop over exit callbacks would never end. That state is kept, uncycled. */
+static __thread bool exited __attribute__((tls_model("initial-exec")));
+
 void _al_thread_measure_init(struct al_thread *t)
 {
-    _al_syscalls_thread_init(t);
+    /* A state made after the thread's exit (the C library's last frees, on its exit path,
+     * where it blocks every signal, SIGSYS too) has its system calls go straight through: a
+     * dispatched one would end the process. */
+    _al_syscalls_thread_init(t, !exited);
     bool counting = _al_counters.available && !atomic_load_explicit(&_al_seccomp_on, memory_order_relaxed);
     t->ctr.countdown = counting ? _al_counters.sample_every : 0;
 }
@@ -177,11 +185,6 @@ static int live_threads_add(int d)
     phase_account(before);
     return before;
 }
-
-/* Set once this thread's exit callback ran: calls it still makes (later destructors, and the
- * free of the callback's own list entry) get a state that is not registered again, or the
- * C library's loop over exit callbacks would never end. That state is kept, uncycled. */
-static __thread bool exited __attribute__((tls_model("initial-exec")));
 
 /* The exit callback's list entry: the C library allocates it while the callback is
  * registered and frees it right after the callback returns, with no state left here. Neither

@@ -293,6 +293,8 @@ CASES = [
     case("pthread_cancel threads that allocate", "host_threads", ["cancel"]),
     case("a cancel pending while the thread allocates", "host_threads", ["cancel-pending"]),
     case("as many pthread keys as plain", "host_threads", ["keys"]),
+    case("a detached thread's exit frees another's cached stack, and glibc trims the heap",
+         "host_threads", ["detached-trim"]),
     case("1000 threads each sent at once a signal whose handler allocates", "host_threads",
          ["signal-at-start"], check=check_vallocs),
     case("threads with the smallest stack; exit from one", "host_threads", ["smallstack"]),

@@ -23,6 +23,12 @@
  *            valloc=6000. A handler that ran while the profiler made the thread's state made a
  *            second state inside the first: the C library's list of thread-exit destructors
  *            got a loop, and the process aborted on a double free
+ *   detached-trim  two detached threads with 64 MiB stacks; the second one's exit frees
+ *            the first one's cached stack, whose TLS block sits between a freed 1 MiB block and
+ *            the heap's top: glibc's free then trims the heap with brk, on that thread's exit
+ *            path, where glibc blocks every signal. Prints "detached-trim: done". The state
+ *            made there for that late free used to turn syscall dispatch on, and the brk
+ *            became a SIGSYS the thread had blocked: the kernel ended the process
  *   keys     creates pthread keys until none is left and prints how many it got: a profiler
  *            that takes keys for itself takes them from the program
  *   smallstack  8 threads with the smallest stack allowed (PTHREAD_STACK_MIN) allocate, then
@@ -283,6 +289,50 @@ static int signal_at_start(void)
     return 0;
 }
 
+static pthread_barrier_t trim_barrier;
+static atomic_int first_done;
+
+static void *trim_second(void *arg)
+{
+    free(malloc(100));
+    pthread_barrier_wait(&trim_barrier);
+    return arg;
+}
+
+static void *trim_first(void *arg)
+{
+    free(malloc(100));
+    atomic_store(&first_done, 1);
+    return arg;
+}
+
+static int detached_trim(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 8 << 20);
+    pthread_barrier_init(&trim_barrier, NULL, 2);
+    pthread_attr_t big;
+    pthread_attr_init(&big);
+    pthread_attr_setdetachstate(&big, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&big, 64 << 20);
+    pthread_t t;
+    if (pthread_create(&t, &big, trim_second, NULL) != 0)
+        return 1;
+    char *p = malloc(1 << 20);
+    if (!p)
+        return 1;
+    memset(p, 1, 1 << 20);
+    if (pthread_create(&t, &big, trim_first, NULL) != 0) /* its TLS right after p */
+        return 1;
+    free(p);
+    while (!atomic_load(&first_done))
+        usleep(1000);
+    usleep(20000); /* the first thread gone, its stack cached */
+    pthread_barrier_wait(&trim_barrier); /* the second exits: frees the first's stack */
+    usleep(50000);
+    printf("detached-trim: done\n");
+    return 0;
+}
+
 static int keys(void)
 {
     static pthread_key_t k[4096];
@@ -364,6 +414,8 @@ int main(int argc, char **argv)
         return cancel_pending(pending, 64) | cancel_pending(pending_first, 300);
     if (!strcmp(mode, "signal-at-start"))
         return signal_at_start();
+    if (!strcmp(mode, "detached-trim"))
+        return detached_trim();
     if (!strcmp(mode, "keys"))
         return keys();
     if (!strcmp(mode, "smallstack"))
