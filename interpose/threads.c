@@ -5,6 +5,12 @@
  * pthread_exit or cancel. A thread started by a library's constructor or destructor, inside
  * the loader, registers none (that takes the loader's lock, which its creator holds): the end
  * of its function, however it ends, is its exit. */
+/* This directory is built with -fexceptions (wrappers.c), under which pthread_cleanup_push
+ * becomes a cleanup with a personality routine: a C program's thread cancelled or ended by
+ * pthread_exit through such a frame had libgcc_s, which glibc loads for it in a scope of its
+ * own, call through its PLT into libunwind's _Unwind_* functions (ours, in the global scope)
+ * with its own context: a crash. The C library's setjmp-based cleanups need no personality. */
+#undef __EXCEPTIONS
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
@@ -60,6 +66,16 @@ static void end_cleanup(void *unused)
     _al_thread_end();
 }
 
+/* FN's end, however it comes, taken as the thread's exit (_al_thread_exit_at_end). */
+static AL_NOINLINE void *run_to_end(void *(*fn)(void *), void *arg)
+{
+    void *r;
+    pthread_cleanup_push(end_cleanup, NULL);
+    r = fn(arg);
+    pthread_cleanup_pop(1);
+    return r;
+}
+
 static void *trampoline(void *p)
 {
     struct start *s = p;
@@ -81,14 +97,8 @@ static void *trampoline(void *p)
         _al_thread_started(t);
         _al_unbusy(t);
     }
-    _al_signals_restore(&old);
-    if (!from_loader)
-        return fn(arg);
-    void *r;
-    pthread_cleanup_push(end_cleanup, NULL);
-    r = fn(arg);
-    pthread_cleanup_pop(1);
-    return r;
+    _al_thread_signals_restore(t, &old);
+    return from_loader ? run_to_end(fn, arg) : fn(arg);
 }
 
 /* The dynamic loader's code, where it runs libraries' constructors and destructors (dlopen,

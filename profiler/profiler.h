@@ -596,6 +596,9 @@ void _al_thread_end(void);
 /* Puts back OLD, a mask pthread_sigmask returned, exactly (log.c): the C library's own
  * signals included, which pthread_sigmask would leave unblocked. */
 void _al_signals_restore(const sigset_t *old);
+/* The same, around the making of T's state (NULL: none made): SIGSYS left deliverable where T
+ * has its system calls dispatched, however OLD had it. */
+void _al_thread_signals_restore(const struct al_thread *t, sigset_t *old);
 /* Around fork: the registry's lock, taken with signals blocked; the child's unlocks it and
  * leaves them blocked until _al_threads_fork_done, the child's last step. */
 void _al_threads_atfork_prepare(void);

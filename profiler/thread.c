@@ -444,8 +444,15 @@ struct al_thread *_al_thread_attach(void)
     sigdelset(&all, SIGSYS);
     pthread_sigmask(SIG_BLOCK, &all, &old);
     struct al_thread *t = attach();
-    _al_signals_restore(&old);
+    _al_thread_signals_restore(t, &old);
     return t;
+}
+
+void _al_thread_signals_restore(const struct al_thread *t, sigset_t *old)
+{
+    if (t && t->dispatching)
+        sigdelset(old, SIGSYS); /* unblocked by the state's making (syscalls.c), and kept so */
+    _al_signals_restore(old);
 }
 
 void _al_thread_spawning(void)

@@ -1,6 +1,7 @@
 /* host_dlopen: loads host_plugin with dlopen, calls it (the plugin allocates and frees), then
  * dlclose; twice, the second time with RTLD_LAZY|RTLD_LOCAL, and from a thread as well. Also a
- * dlopen of a missing library, which must fail as it does without the profiler.
+ * dlopen of a missing library, which must fail as it does without the profiler. (A thread
+ * that ends with pthread_exit runs first.)
  *
  * usage: host_dlopen PLUGIN.so */
 #include <dlfcn.h>
@@ -30,6 +31,11 @@ static int load_and_run(const char *path, int flags, const char *label)
 
 static const char *plugin;
 
+static void *exit_at_once(void *arg)
+{
+    pthread_exit(arg);
+}
+
 static void *thread_main(void *arg)
 {
     (void)arg;
@@ -43,6 +49,12 @@ int main(int argc, char **argv)
         return 2;
     }
     plugin = argv[1];
+    /* A thread ended by pthread_exit first: the C library loads its unwinder for that once,
+     * with dlopen, which would wait for the loader's lock if it came from a thread a plugin's
+     * constructor or destructor waits for. */
+    pthread_t first;
+    if (pthread_create(&first, NULL, exit_at_once, NULL) != 0 || pthread_join(first, NULL) != 0)
+        return 1;
     int bad = 0;
     bad += load_and_run(plugin, RTLD_NOW | RTLD_GLOBAL, "first");
     bad += load_and_run(plugin, RTLD_LAZY | RTLD_LOCAL, "second");

@@ -3,8 +3,9 @@
  *
  * Built a second time with HOST_PLUGIN_THREADS (libhost_loader_threads.so): the constructor
  * and the destructor each start a thread that allocates (one valloc) and wait for it, as a
- * library setting up a background service does, inside the loader with its lock held; the
- * destructor then prints valloc=2. */
+ * library setting up a background service does, inside the loader with its lock held (the
+ * constructor's returns, the destructor's ends with pthread_exit); the destructor then prints
+ * valloc=2. */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,13 +24,15 @@ static void *worker(void *arg)
         exit(93);
     free(p);
     vallocs++;
+    if (arg)
+        pthread_exit(arg); /* unwinds the thread, the C library's cleanups run */
     return arg;
 }
 
-static void run_worker(void)
+static void run_worker(void *how)
 {
     pthread_t t;
-    if (pthread_create(&t, NULL, worker, NULL) != 0 || pthread_join(t, NULL) != 0)
+    if (pthread_create(&t, NULL, worker, how) != 0 || pthread_join(t, NULL) != 0)
         exit(94);
 }
 #endif
@@ -40,7 +43,7 @@ __attribute__((constructor)) static void plugin_init(void)
     if (state)
         strcpy(state, "plugin state");
 #ifdef HOST_PLUGIN_THREADS
-    run_worker();
+    run_worker(NULL);
 #endif
 }
 
@@ -49,7 +52,7 @@ __attribute__((destructor)) static void plugin_fini(void)
     free(state);
     state = NULL;
 #ifdef HOST_PLUGIN_THREADS
-    run_worker();
+    run_worker(&vallocs);
     printf("valloc=%d\n", vallocs);
     fflush(stdout);
 #endif
