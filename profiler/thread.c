@@ -289,8 +289,13 @@ static void thread_exit(void *arg)
 void _al_thread_end(void)
 {
     struct al_thread *t = _al_tls;
-    if (exit_at_end && t && !exited)
-        thread_exit(t);
+    if (!exit_at_end || !t || exited)
+        return;
+    /* Its counters' close(2) is a cancellation point, where a cancel still pending at the
+     * function's return would act halfway through. */
+    int cancel = _al_nocancel_begin();
+    thread_exit(t);
+    _al_nocancel_end(cancel);
 }
 
 void _al_threads_init(void)
