@@ -51,6 +51,7 @@ int _al_prerun_output_target(const char *path, char *target, size_t cap, char *e
         return -EINVAL;
     }
     char real[PATH_MAX];
+    errno = 0;
     if (!realpath(path, real) || snprintf(target, cap, "%s", real) >= (int)cap) {
         int e = errno ? errno : ENAMETOOLONG;
         snprintf(err, errcap, "cannot write %s: %s", path, strerror(e));
