@@ -1,6 +1,6 @@
 /* pipe2, open, read and close, for the one caller that is ours: libunwind, while the sampler
- * unwinds (_al_fds_ours); close, fclose, dup2 and dup3 also for fd 2, where the text report
- * is to go (a shell's `exec 2>log` is a dup2 onto it).
+ * unwinds (_al_fds_ours, and a call from libunwind's code); close, fclose, dup2 and dup3 also
+ * for fd 2, where the text report is to go (a shell's `exec 2>log` is a dup2 onto it).
  * Every other call goes straight through.
  *
  * libunwind makes a pipe on its first look at memory (it checks an address is readable by
@@ -66,6 +66,16 @@ static void forget(int fd)
     }
 }
 
+/* A call made by libunwind while we unwind (CALLER: where it returns to), not by a signal
+ * handler of the program's that interrupted the stack walk on this thread: the handler's
+ * descriptors are its own (libuv's signal handler reads its lock pipe; read as closed, the
+ * signal was lost, and node waited for its child for good). */
+static inline bool unwinders(const void *caller)
+{
+    return AL_UNLIKELY(_al_fds_ours) && (uintptr_t)caller >= _al_unwinder_lo &&
+           (uintptr_t)caller < _al_unwinder_hi;
+}
+
 /* FD, made while we unwind, moved up and noted. The move's own close of the low number is the
  * move's, not libunwind's: not filtered. */
 static int made_here(int fd)
@@ -86,7 +96,7 @@ static int made_here(int fd)
 AL_EXPORT int pipe2(int fds[2], int flags)
 {
     int r = real_pipe2 ? real_pipe2(fds, flags) : (int)syscall(SYS_pipe2, fds, flags);
-    if (AL_UNLIKELY(_al_fds_ours) && r == 0) {
+    if (unwinders(__builtin_return_address(0)) && r == 0) {
         fds[0] = made_here(fds[0]);
         fds[1] = made_here(fds[1]);
     }
@@ -106,14 +116,14 @@ AL_EXPORT int open_entry(const char *path, int flags, ...)
         va_end(ap);
     }
     int fd = real_open ? real_open(path, flags, mode) : (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
-    if (AL_UNLIKELY(_al_fds_ours) && fd >= 0)
+    if (unwinders(__builtin_return_address(0)) && fd >= 0)
         fd = made_here(fd);
     return fd;
 }
 
 AL_EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
-    if (AL_UNLIKELY(_al_fds_ours) && !was_made(fd)) {
+    if (unwinders(__builtin_return_address(0)) && !was_made(fd)) {
         errno = EBADF;
         return -1;
     }
@@ -122,7 +132,7 @@ AL_EXPORT ssize_t read(int fd, void *buf, size_t n)
 
 AL_EXPORT int close(int fd)
 {
-    if (AL_UNLIKELY(_al_fds_ours) && !was_made(fd))
+    if (unwinders(__builtin_return_address(0)) && !was_made(fd))
         return 0; /* the program's, under a number libunwind thinks its own: kept */
     if (AL_UNLIKELY(fd == STDERR_FILENO))
         _al_report_stderr_closing(); /* the text report may still be due there */

@@ -418,6 +418,10 @@ int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
 extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
+/* libunwind's code, [lo, hi): a call of read, close, pipe2 or open made from there while
+ * _al_fds_ours is set is libunwind's; one from elsewhere comes from a signal handler of the
+ * program's that interrupted the stack walk, and is the program's (sampler.c sets it). */
+extern uintptr_t _al_unwinder_lo, _al_unwinder_hi AL_HIDDEN;
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 

@@ -221,6 +221,11 @@ void _al_sampler_init(const struct al_settings *set, long hwm_kib)
         uint64_t x = _al_tsc() ^ ((uint64_t)getpid() << 32);
         _al_sampler.seed = splitmix(&x) | 1;
     }
+    struct al_object unwinder;
+    if (_al_object_of((const void *)unw_backtrace, &unwinder)) {
+        _al_unwinder_lo = unwinder.seg_lo;
+        _al_unwinder_hi = unwinder.seg_hi;
+    }
     if (!set->sample_rate)
         return;
     s.slot_bits = SLOT_BITS_MIN;

@@ -259,6 +259,8 @@ CASES = [
     # fork can find held by the call it interrupted, and the plain run hangs.
     case("fork from a signal handler, the child's _exit at once", "host_signals", ["fork-handler"],
          default_text=True, env={"ALLOCLENS_SAMPLE_RATE": "1"}, only=("glibc", DIRECT)),
+    case("a signal handler's pipe, often inside the sampler's stack walk", "host_signals",
+         ["handler-pipe"], env={"ALLOCLENS_SAMPLE_RATE": "4096"}),
     case("blocked signal, sigsuspend", "host_signals", ["mask"]),
     case("the C library's older signal calls (sigset, sysv_signal, sighold, sigblock...); "
          "handlers that allocate inside sigsuspend, pselect, ppoll, epoll_pwait with every "

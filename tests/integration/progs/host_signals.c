@@ -55,7 +55,13 @@
  *                 helper thread (SIGEV_THREAD), which allocates, while main allocates for
  *                 50 ms (up to 10 s until the function first ran); prints whether it ran and
  *                 exits 0. The helper thread waits
- *                 for the timer's signal with it blocked: unblocked, it ends the process. */
+ *                 for the timer's signal with it blocked: unblocked, it ends the process.
+ *   handler-pipe  a thread allocates without pause while main sends it SIGUSR1 5000 times;
+ *                 the handler writes a byte to a pipe of the program's and reads it back, as
+ *                 libuv's and glib's signal handlers do; prints whether every read got its
+ *                 byte. With every allocation sampled, the handler often runs inside the
+ *                 sampler's stack walk, whose descriptors used to be told from the program's
+ *                 by the thread alone: the handler's read failed (EBADF). */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -170,6 +176,31 @@ static void on_alarm_fork(int sig)
 }
 
 static atomic_int notified;
+
+static int handler_pipe[2];
+static volatile sig_atomic_t pipe_failures, pipe_stop;
+
+static void on_usr1_pipe(int sig)
+{
+    (void)sig;
+    int e = errno;
+    char c;
+    if (write(handler_pipe[1], "x", 1) != 1 || read(handler_pipe[0], &c, 1) != 1)
+        pipe_failures++;
+    errno = e;
+}
+
+static void *allocate_until_stopped(void *arg)
+{
+    void *v[64] = { 0 };
+    for (unsigned i = 0; !pipe_stop; i++) {
+        free(v[i % 64]);
+        v[i % 64] = malloc(64 + (i % 4096));
+    }
+    for (int k = 0; k < 64; k++)
+        free(v[k]);
+    return arg;
+}
 
 static void on_timer_thread(union sigval v)
 {
@@ -732,6 +763,22 @@ int main(int argc, char **argv)
         timer_delete(timer);
         printf("sigev-thread: the timer's function ran: %s\n", atomic_load(&notified) > 0 ? "yes" : "no");
         return 0;
+    }
+    if (!strcmp(mode, "handler-pipe")) {
+        if (pipe(handler_pipe) != 0)
+            return 1;
+        install(SIGUSR1, on_usr1_pipe, SA_RESTART);
+        pthread_t t;
+        if (pthread_create(&t, NULL, allocate_until_stopped, NULL) != 0)
+            return 1;
+        for (int i = 0; i < 5000; i++) {
+            pthread_kill(t, SIGUSR1);
+            usleep(20);
+        }
+        pipe_stop = 1;
+        pthread_join(t, NULL);
+        printf("handler-pipe: %s\n", pipe_failures ? "a read or write failed" : "every read got its byte");
+        return pipe_failures != 0;
     }
     if (!strcmp(mode, "fork-handler")) {
         install(SIGALRM, on_alarm_fork, SA_RESTART);
