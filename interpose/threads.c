@@ -24,6 +24,7 @@ struct start {
     void *(*fn)(void *);
     void *arg;
     bool from_loader; /* asked for by a library's constructor or destructor */
+    sigset_t mask;    /* the creator's signal mask, the new thread's once its state is made */
     struct start *next;
 };
 
@@ -82,22 +83,21 @@ static void *trampoline(void *p)
     void *(*fn)(void *) = s->fn;
     void *arg = s->arg;
     bool from_loader = s->from_loader;
+    sigset_t mask = s->mask;
     start_put(s);
     _al_thread_announced();
     if (from_loader)
         _al_thread_exit_at_end();
-    /* A signal sent to the new thread at once waits until its state is made and it is no
-     * longer busy: a handler that allocates is then counted as the program's call it is. */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigdelset(&all, SIGSYS);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
+    /* The thread starts with signals blocked (pthread_create): one sent to it at once waits
+     * until its state is made and it is no longer busy, so a handler that allocates is counted
+     * as the program's call it is, and its state is made as the thread's own (a thread started
+     * inside the loader must not register an exit callback). */
     struct al_thread *t = _al_tls ? _al_tls : _al_enter_slow();
     if (t) {
         _al_thread_started(t);
         _al_unbusy(t);
     }
-    _al_thread_signals_restore(t, &old);
+    _al_thread_signals_restore(t, &mask);
     return from_loader ? run_to_end(fn, arg) : fn(arg);
 }
 
@@ -126,11 +126,13 @@ static bool inside_loader(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, find_loader);
+    if (_al_thread_exits_at_end())
+        return true; /* started by such a thread, which its creator may be waiting for */
     struct al_thread *t = _al_tls;
     if (!t || t->busy || loader_lo == loader_hi)
         return false;
     t->busy = 1;
-    void *raw[24];
+    void *raw[64];
     int n = _al_sampler_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
     _al_unbusy(t);
     for (int i = 0; i < n; i++)
@@ -161,8 +163,16 @@ AL_EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*
     s->fn = fn;
     s->arg = arg;
     s->from_loader = inside_loader();
+    /* The new thread inherits the mask: every signal but SIGSYS blocked until the trampoline
+     * has made its state (glibc puts the creator's mask back before the trampoline runs). */
+    sigset_t all;
+    sigfillset(&all);
+    sigdelset(&all, SIGSYS);
+    pthread_sigmask(SIG_BLOCK, &all, &s->mask);
+    sigset_t mine = s->mask; /* s is the new thread's once it runs */
     _al_thread_spawning();
     int rc = real_pthread_create(th, attr, trampoline, s);
+    _al_signals_restore(&mine);
     if (rc != 0) {
         _al_thread_spawn_failed();
         start_put(s);

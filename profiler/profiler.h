@@ -597,6 +597,7 @@ void _al_thread_started(struct al_thread *t);
  * function's end (_al_thread_end, on return, pthread_exit or cancel) is taken as its exit. */
 void _al_thread_exit_at_end(void);
 void _al_thread_end(void);
+bool _al_thread_exits_at_end(void); /* the calling thread's exit is its function's end */
 /* Puts back OLD, a mask pthread_sigmask returned, exactly (log.c): the C library's own
  * signals included, which pthread_sigmask would leave unblocked. */
 void _al_signals_restore(const sigset_t *old);

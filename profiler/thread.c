@@ -207,9 +207,17 @@ static __thread sigset_t entry_mask;
  * lock. Such a thread registers none; its start function's end is taken as its exit. */
 static __thread bool exit_at_end __attribute__((tls_model("initial-exec")));
 
+/* Set where the thread's exit callback is registered: that one takes its exit. */
+static __thread bool registered __attribute__((tls_model("initial-exec")));
+
 void _al_thread_exit_at_end(void)
 {
     exit_at_end = true;
+}
+
+bool _al_thread_exits_at_end(void)
+{
+    return exit_at_end && !registered;
 }
 
 void *_al_thread_exit_entry(size_t size, size_t align)
@@ -289,7 +297,7 @@ static void thread_exit(void *arg)
 void _al_thread_end(void)
 {
     struct al_thread *t = _al_tls;
-    if (!exit_at_end || !t || exited)
+    if (!exit_at_end || registered || !t || exited)
         return;
     /* Its counters' close(2) is a cancellation point, where a cancel still pending at the
      * function's return would act halfway through. */
@@ -433,7 +441,7 @@ static struct al_thread *attach(void)
     if (!exited && !exit_at_end) {
         registering = true;
         entry = NULL;
-        __cxa_thread_atexit_impl(thread_exit, t, &__dso_handle);
+        registered = __cxa_thread_atexit_impl(thread_exit, t, &__dso_handle) == 0;
         registering = false;
     }
     return t;

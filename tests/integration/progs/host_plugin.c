@@ -3,9 +3,9 @@
  *
  * Built a second time with HOST_PLUGIN_THREADS (libhost_loader_threads.so): the constructor
  * and the destructor each start a thread that allocates (one valloc) and wait for it, as a
- * library setting up a background service does, inside the loader with its lock held (the
- * constructor's returns, the destructor's ends with pthread_exit); the destructor then prints
- * valloc=2. */
+ * library setting up a background service does, inside the loader with its lock held. The
+ * constructor's starts a thread of its own that does the same, and returns; the destructor's
+ * ends with pthread_exit. The destructor then prints valloc=3. */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,22 +17,29 @@ static char *state;
 #ifdef HOST_PLUGIN_THREADS
 static int vallocs;
 
+enum how { RETURN, EXIT, NESTED };
+
+static void run_worker(enum how how);
+
 static void *worker(void *arg)
 {
+    enum how how = (enum how)(long)arg;
     void *p = valloc(100);
     if (!p)
         exit(93);
     free(p);
-    vallocs++;
-    if (arg)
-        pthread_exit(arg); /* unwinds the thread, the C library's cleanups run */
-    return arg;
+    __atomic_fetch_add(&vallocs, 1, __ATOMIC_RELAXED);
+    if (how == NESTED)
+        run_worker(RETURN); /* its creator is no constructor, but is waited for by one */
+    if (how == EXIT)
+        pthread_exit(NULL); /* unwinds the thread, the C library's cleanups run */
+    return NULL;
 }
 
-static void run_worker(void *how)
+static void run_worker(enum how how)
 {
     pthread_t t;
-    if (pthread_create(&t, NULL, worker, how) != 0 || pthread_join(t, NULL) != 0)
+    if (pthread_create(&t, NULL, worker, (void *)(long)how) != 0 || pthread_join(t, NULL) != 0)
         exit(94);
 }
 #endif
@@ -43,7 +50,7 @@ __attribute__((constructor)) static void plugin_init(void)
     if (state)
         strcpy(state, "plugin state");
 #ifdef HOST_PLUGIN_THREADS
-    run_worker(NULL);
+    run_worker(NESTED);
 #endif
 }
 
@@ -52,7 +59,7 @@ __attribute__((destructor)) static void plugin_fini(void)
     free(state);
     state = NULL;
 #ifdef HOST_PLUGIN_THREADS
-    run_worker(&vallocs);
+    run_worker(EXIT);
     printf("valloc=%d\n", vallocs);
     fflush(stdout);
 #endif
