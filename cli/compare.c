@@ -557,7 +557,7 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
 
 int _al_cli_cmd_compare(int argc, char **argv)
 {
-    const char *list = NULL, *output = NULL, *mode = NULL;
+    const char *list = NULL, *output = NULL, *mode = NULL, *runs_text = NULL;
     int runs = 3, i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -571,11 +571,12 @@ int _al_cli_cmd_compare(int argc, char **argv)
         }
         if (a[0] != '-')
             break;
-        static const char *const known[] = { "-a", "--allocators", "-o", "--output", "--mode", "-n", "--runs" };
-        bool is_known = false;
-        for (size_t k = 0; k < sizeof known / sizeof *known; k++)
-            is_known |= !strcmp(a, known[k]);
-        if (!is_known) {
+        const char **value = !strcmp(a, "-a") || !strcmp(a, "--allocators") ? &list
+                             : !strcmp(a, "-o") || !strcmp(a, "--output")   ? &output
+                             : !strcmp(a, "--mode")                         ? &mode
+                             : !strcmp(a, "-n") || !strcmp(a, "--runs")     ? &runs_text
+                                                                            : NULL;
+        if (!value) {
             fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens compare --help')\n", a);
             return 2;
         }
@@ -583,25 +584,19 @@ int _al_cli_cmd_compare(int argc, char **argv)
             fprintf(stderr, "alloclens: option '%s' needs a value\n", a);
             return 2;
         }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-a") || !strcmp(a, "--allocators")) {
-            list = v;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            output = v;
-        } else if (!strcmp(a, "--mode")) {
-            if (_al_cli_check_mode(v) < 0)
-                return 2;
-            mode = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--runs")) {
-            char *end;
-            errno = 0;
-            long n = strtol(v, &end, 10);
-            if (errno || *end || end == v || n < 1 || n > MAX_RUNS) {
-                fprintf(stderr, "alloclens: -n wants a number of runs from 1 to %d, not '%s'\n", MAX_RUNS, v);
-                return 2;
-            }
-            runs = (int)n;
+        *value = argv[++i];
+    }
+    if (mode && _al_cli_check_mode(mode) < 0)
+        return 2;
+    if (runs_text) {
+        char *end;
+        errno = 0;
+        long n = strtol(runs_text, &end, 10);
+        if (errno || *end || end == runs_text || n < 1 || n > MAX_RUNS) {
+            fprintf(stderr, "alloclens: -n wants a number of runs from 1 to %d, not '%s'\n", MAX_RUNS, runs_text);
+            return 2;
         }
+        runs = (int)n;
     }
     if (i >= argc) {
         fprintf(stderr, "alloclens: no command to run (usage: alloclens compare [options] -- CMD [ARGS...])\n");

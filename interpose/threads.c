@@ -165,10 +165,7 @@ AL_EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*
     s->from_loader = inside_loader();
     /* The new thread inherits the mask: every signal but SIGSYS blocked until the trampoline
      * has made its state (glibc puts the creator's mask back before the trampoline runs). */
-    sigset_t all;
-    sigfillset(&all);
-    sigdelset(&all, SIGSYS);
-    pthread_sigmask(SIG_BLOCK, &all, &s->mask);
+    _al_signals_block_all(&s->mask);
     sigset_t mine = s->mask; /* s is the new thread's once it runs */
     _al_thread_spawning();
     int rc = real_pthread_create(th, attr, trampoline, s);

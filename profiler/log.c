@@ -119,6 +119,14 @@ static void take_back(int sig)
  * SIGEV_THREAD timer's helper thread keeps blocked to wait for it, and the timer's next
  * expiry killed the process (its first malloc took the registry's lock; a helper's stress run
  * found it). The system call puts back exactly what was there. */
+void _al_signals_block_all(sigset_t *old)
+{
+    sigset_t all;
+    sigfillset(&all);
+    sigdelset(&all, SIGSYS);
+    pthread_sigmask(SIG_BLOCK, &all, old);
+}
+
 void _al_signals_restore(const sigset_t *old)
 {
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, old, NULL, _NSIG / 8);

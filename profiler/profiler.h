@@ -601,6 +601,9 @@ bool _al_thread_exits_at_end(void); /* the calling thread's exit is its function
 /* Puts back OLD, a mask pthread_sigmask returned, exactly (log.c): the C library's own
  * signals included, which pthread_sigmask would leave unblocked. */
 void _al_signals_restore(const sigset_t *old);
+/* Every signal blocked but SIGSYS (syscall user dispatch raises it, and a blocked one ends the
+ * process), the mask as it was in *OLD, for _al_signals_restore (log.c). */
+void _al_signals_block_all(sigset_t *old);
 /* The same, around the making of T's state (NULL: none made): SIGSYS left deliverable where T
  * has its system calls dispatched, however OLD had it. */
 void _al_thread_signals_restore(const struct al_thread *t, sigset_t *old);

@@ -54,10 +54,7 @@ static __thread sigset_t unlocked_mask, fork_mask;
 
 static void block_signals(void)
 {
-    sigset_t all;
-    sigfillset(&all);
-    sigdelset(&all, SIGSYS);
-    pthread_sigmask(SIG_BLOCK, &all, &unlocked_mask);
+    _al_signals_block_all(&unlocked_mask);
 }
 
 static void restore_signals(void)
@@ -285,12 +282,8 @@ static void thread_exit(void *arg)
     unlock();
     /* Calls this thread still makes (later TLS destructors) start a fresh state, not
      * registered again (see exited). */
-    if (entry == entry_room) {
-        sigset_t all;
-        sigfillset(&all);
-        sigdelset(&all, SIGSYS); /* as the registry's lock: dispatch must be able to raise it */
-        pthread_sigmask(SIG_BLOCK, &all, &entry_mask);
-    }
+    if (entry == entry_room)
+        _al_signals_block_all(&entry_mask);
     _al_tls = NULL;
 }
 
@@ -452,10 +445,8 @@ static struct al_thread *attach(void)
  * and both would register the one exit entry (a loop in the C library's list, freed twice). */
 struct al_thread *_al_thread_attach(void)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    sigdelset(&all, SIGSYS);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
+    sigset_t old;
+    _al_signals_block_all(&old);
     struct al_thread *t = attach();
     _al_thread_signals_restore(t, &old);
     return t;
