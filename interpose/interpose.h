@@ -72,6 +72,22 @@ void _al_signal_compat_resolve(void);
  * thread's state with busy set when the call is to be counted, NULL when it must only be
  * forwarded. */
 struct al_thread *_al_enter_slow(void);
+/* A call made while the thread is inside an operator new (AL_BUSY_NEW), from the return
+ * address RA: the thread's state when the program's code made it (the new-handler; the C++
+ * runtime making the std::bad_alloc it throws), the interrupted call set aside in NEST; NULL
+ * for the allocator's own calls, and the C++ runtime's operator new's that ours falls back on
+ * (their retries), which are forwarded. */
+struct al_thread *_al_enter_nested(struct al_thread *t, const void *ra, struct al_nest *nest);
+
+/* An entry point's slow path, called from the program at RA: as _al_enter_slow, but for a call
+ * nested in an operator new, which may be the program's (_al_enter_nested). */
+AL_INLINE struct al_thread *_al_enter_call(const void *ra, struct al_nest *nest)
+{
+    struct al_thread *t = _al_tls;
+    if (AL_LIKELY(t != NULL))
+        return AL_UNLIKELY(t->busy == AL_BUSY_NEW) ? _al_enter_nested(t, ra, nest) : NULL;
+    return _al_enter_slow();
+}
 
 /* bootstrap.c: memory of our own, for dlsym's allocations while the real functions are being
  * resolved, and for the thread writing a report from _exit (_al_own_memory set) */

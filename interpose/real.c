@@ -20,6 +20,25 @@ struct al_real_fns _al_real, _al_next;
 
 /* ---- targets built here ------------------------------------------------------------------ */
 
+/* The code of the runtime's operators looked up so far: a call from there, nested in one of
+ * ours, is its retry of the allocator (_al_enter_nested), not the program's. */
+#define RUNTIME_NEWS 16
+static struct code_range {
+    _Atomic uintptr_t lo, hi;
+} runtime_news[RUNTIME_NEWS];
+static _Atomic unsigned nruntime_news;
+
+static void runtime_new_found(const void *f)
+{
+    Dl_info info;
+    const Elf64_Sym *sym = NULL;
+    unsigned i = atomic_fetch_add(&nruntime_news, 1);
+    if (i >= RUNTIME_NEWS || !dladdr1(f, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym)
+        return;
+    atomic_store(&runtime_news[i].hi, (uintptr_t)f + sym->st_size);
+    atomic_store(&runtime_news[i].lo, (uintptr_t)f);
+}
+
 /* The C++ runtime's own operator, for when the allocator fails (its new-handler loop and
  * std::bad_alloc). Looked up then if start-up did not find it: a program may load the runtime
  * after we started (a C program dlopening a C++ library), and into a scope of its own
@@ -36,6 +55,8 @@ static AL_COLD void *next_cxx(void **slot, const char *name)
         if (h)
             f = dlsym(h, name);
     }
+    if (f)
+        runtime_new_found(f);
     __atomic_store_n(slot, f, __ATOMIC_RELAXED);
     return f;
 }
@@ -86,12 +107,16 @@ static AL_COLD void *next_cxx(void **slot, const char *name)
             NEXT_CXX(r, sym, args);                                    \
         return r;                                                      \
     }
+/* As libstdc++ makes it, so the allocator gets the same requests as without us: the size
+ * rounded up to a multiple of the alignment (C11's aligned_alloc asks for that; the sum may
+ * wrap, as there), and an alignment that is not a power of two left to the runtime, which
+ * refuses it. */
 #define FALLBACK_OWN_NEW_ALIGNED(kind, sym, params, args)              \
     static void *fb_##sym params                                       \
     {                                                                  \
         void *r = NULL;                                                \
-        if (_al_real.posix_memalign(&r, a < sizeof(void *) ? sizeof(void *) : a, n ? n : 1)) \
-            r = NULL;                                                  \
+        if (__builtin_expect(a != 0 && (a & (a - 1)) == 0, 1))         \
+            r = _al_real.aligned_alloc(a, ((n ? n : 1) + a - 1) & ~(a - 1)); \
         if (__builtin_expect(!r, 0))                                   \
             NEXT_CXX(r, sym, args);                                    \
         return r;                                                      \
@@ -125,12 +150,21 @@ static uintptr_t object_base(const void *fn)
 #define RESOLVE_OWN_OR_REALLOCARRAY(sym) RESOLVE_OWN(sym)
 #define RESOLVE_OWN_OR_PVALLOC(sym) RESOLVE_OWN(sym)
 
+/* The code of the allocator and our own: calls from there are never the program's. */
+static uintptr_t allocator_lo, allocator_hi, self_lo, self_hi;
+
 static int real_resolve(void)
 {
     AL_NEXT(_al_real.malloc, "malloc");
-    struct al_object allocator;
+    struct al_object allocator, self;
     if (!_al_object_of((const void *)_al_real.malloc, &allocator) || !allocator.base)
         return -ENOENT;
+    allocator_lo = allocator.seg_lo;
+    allocator_hi = allocator.seg_hi;
+    if (_al_object_of((const void *)real_resolve, &self)) {
+        self_lo = self.seg_lo;
+        self_hi = self.seg_hi;
+    }
 #define AL_ENTRY(kind, op, sym, params, args, size, align, target) RESOLVE_##target(sym)
 #include "entries.def"
 #undef AL_ENTRY
@@ -188,6 +222,21 @@ AL_NOINLINE struct al_thread *_al_enter_slow(void)
             return NULL; /* start-up is resolving symbols on this very thread */
     }
     return _al_thread_attach();
+}
+
+AL_COLD struct al_thread *_al_enter_nested(struct al_thread *t, const void *ra, struct al_nest *nest)
+{
+    uintptr_t a = (uintptr_t)ra;
+    /* The allocator's own calls; and ours: a slow path reached by a call, not a jump, has its
+     * own return address where the caller's should be. */
+    if ((a >= allocator_lo && a < allocator_hi) || (a >= self_lo && a < self_hi))
+        return NULL;
+    unsigned n = atomic_load(&nruntime_news);
+    for (unsigned i = 0; i < n && i < RUNTIME_NEWS; i++)
+        if (a >= atomic_load(&runtime_news[i].lo) && a < atomic_load(&runtime_news[i].hi))
+            return NULL;
+    _al_nest_enter(t, nest);
+    return t;
 }
 
 /* glibc calls constructors with main's arguments (and the environment, not needed here). */

@@ -132,7 +132,7 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
     /* Open for the rest of an allocator call this interrupted, as for the program's handlers
      * (run_program_handler): returning takes a system call outside our trampoline. */
     struct al_thread *t = _al_selector_open();
-    if (t && t->busy == 1) {
+    if (t && (t->busy == 1 || t->busy == AL_BUSY_NEW)) {
         if (!t->ending_signal && can_wait(sig, si)) {
             t->ending_signal = sig;
             t->ending_since = now_ns();

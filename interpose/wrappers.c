@@ -78,6 +78,19 @@ static inline void al_busy_cleanup(struct al_thread **t)
     AL_IF_THROWS(target, struct al_thread *busy_guard_ __attribute__((cleanup(al_busy_cleanup))) = t;)
 #define AL_BUSY_DISARM(target) AL_IF_THROWS(target, busy_guard_ = NULL;)
 
+/* Only the real call of an operator new runs with the thread marked AL_BUSY_NEW: its
+ * new-handler's calls are the program's (_al_enter_call); our own work around it is not. */
+#define AL_NEW_MARK(op)                                                                \
+    do {                                                                               \
+        if (AL_OP_##op == AL_OP_NEW)                                                   \
+            t->busy = AL_BUSY_NEW;                                                     \
+    } while (0)
+#define AL_NEW_UNMARK(op)                                                              \
+    do {                                                                               \
+        if (AL_OP_##op == AL_OP_NEW)                                                   \
+            t->busy = 1;                                                               \
+    } while (0)
+
 /* The real call CALL, timed: the cycle counter around it; around that, what the SIGSYS handler
  * and the lock wrappers need to know (which op, small or large), the syscall selector, and
  * the 1-in-N event counting. Leaves c0 and c1 for the caller. */
@@ -88,7 +101,9 @@ static inline void al_busy_cleanup(struct al_thread **t)
         .counted = counted_, .bytes = (size) };)                                       \
     uint64_t c0 = _al_tsc();                                                           \
     AL_IF_THROWS(target, guard_.c0 = c0;)                                              \
+    AL_NEW_MARK(op);                                                                   \
     call;                                                                              \
+    AL_NEW_UNMARK(op);                                                                 \
     uint64_t c1 = _al_tsc();                                                           \
     AL_IF_THROWS(target, guard_.stage = AL_UNWIND_NONE;)                               \
     _al_call_end(t, AL_OP_##op, counted_, c1 - c0)
@@ -107,7 +122,9 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         t->busy = 1;                                                                   \
         AL_BUSY_GUARD(target)                                                          \
+        AL_NEW_MARK(op);                                                               \
         void *r = _al_real.sym args;                                                   \
+        AL_NEW_UNMARK(op);                                                             \
         AL_BUSY_DISARM(target)                                                         \
         _al_sample_alloc(t, (size), r);                                                \
         _al_unbusy(t);                                                                 \
@@ -118,16 +135,19 @@ static inline void al_busy_cleanup(struct al_thread **t)
         t->busy = 1;                                                                   \
         AL_IF_THROWS(target, struct al_unwind guard_ __attribute__((cleanup(al_unwind_cleanup))) = { \
             .stage = AL_UNWIND_COUNTED, .t = t, .call_op = AL_OP_##op, .bytes = (size) };) \
+        AL_NEW_MARK(op);                                                               \
         void *r = _al_real.sym args;                                                   \
+        AL_NEW_UNMARK(op);                                                             \
         AL_IF_THROWS(target, guard_.stage = AL_UNWIND_NONE;)                           \
         _al_count_alloc(t, AL_OP_##op, (size), r);                                     \
         return r;                                                                      \
     }                                                                                  \
-    static AL_NOINLINE void *slow_##sym params                                         \
+    static AL_NOINLINE void *slow_##sym(AL_STRIP(params), const void *ra)              \
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return _al_own_alloc((size), (align));                                     \
-        struct al_thread *t = _al_enter_slow();                                        \
+        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
+        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL)) {                                         \
@@ -140,7 +160,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
-            return slow_##sym args;                                                    \
+            return slow_##sym(AL_STRIP(args), __builtin_return_address(0));            \
         /* Unhinted, GCC lays --mode sample's path out straight, the timed modes' jump. */\
         if (_al_hot.timed)                                                             \
             return timed_##sym(AL_STRIP(args), t);                                     \
@@ -150,7 +170,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return sampled_##sym(AL_STRIP(args), t);                                   \
         if (AL_TAIL_##target)                                                          \
             return _al_real.sym args;                                                  \
-        t->busy = 1;                                                                   \
+        t->busy = AL_OP_##op == AL_OP_NEW ? AL_BUSY_NEW : 1;                           \
         AL_BUSY_GUARD(target)                                                          \
         void *r = _al_real.sym args;                                                   \
         AL_BUSY_DISARM(target)                                                         \
@@ -165,19 +185,22 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         t->busy = 1;                                                                   \
         struct al_waste_undo undo;                                                     \
+        struct al_sample_undo sampled = { 0 };                                         \
         unsigned had = 0, was_large = 0;                                               \
         if (AL_LIKELY(_al_hot.records) && p)                                           \
-            had = _al_waste_free(t, p, &undo);                                         \
+            had = _al_waste_free(t, p, &undo, &sampled);                               \
         else if (p)                                                                    \
-            was_large = _al_mark_free(t, p);                                           \
+            was_large = _al_mark_free(t, p, &sampled);                                 \
         unsigned large = (size) >= _al_hot.large_threshold;                            \
         AL_TIMED_CALL(op, large, size, target, void *r = _al_real.sym args);           \
         /* Failed: the old object is still the program's. */                           \
-        if (AL_UNLIKELY((had | was_large) && r == NULL && (size) != 0)) {              \
+        if (AL_UNLIKELY((had | was_large | sampled.addr) && r == NULL && (size) != 0)) { \
             if (had)                                                                   \
                 _al_waste_restore(t, p, &undo);                                        \
-            else                                                                       \
+            else if (was_large)                                                        \
                 _al_mark_alloc(t, p, 1);                                               \
+            if (sampled.addr)                                                          \
+                _al_sample_restore(&sampled);                                          \
         }                                                                              \
         _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
         return r;                                                                      \
@@ -185,18 +208,22 @@ static inline void al_busy_cleanup(struct al_thread **t)
     static AL_NOINLINE void *counted_##sym(AL_STRIP(params), struct al_thread *t)      \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        _al_sample_forget(p);                                                          \
+        struct al_sample_undo sampled = { 0 };                                         \
+        _al_sample_forget(p, &sampled);                                                \
         void *r = _al_real.sym args;                                                   \
+        if (AL_UNLIKELY(sampled.addr && r == NULL && (size) != 0))                     \
+            _al_sample_restore(&sampled);                                              \
         _al_count_alloc(t, AL_OP_##op, (size), r);                                     \
         return r;                                                                      \
     }                                                                                  \
-    static AL_NOINLINE void *slow_##sym params                                         \
+    static AL_NOINLINE void *slow_##sym(AL_STRIP(params), const void *ra)              \
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return _al_own_realloc(p, (size));                                         \
         if (_al_bootstrap_owns(p))                                                     \
             return _al_bootstrap_realloc(p, (size));                                   \
-        struct al_thread *t = _al_enter_slow();                                        \
+        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
+        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
@@ -207,7 +234,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy || _al_bootstrap_owns(p)))                       \
-            return slow_##sym args;                                                    \
+            return slow_##sym(AL_STRIP(args), __builtin_return_address(0));            \
         if (AL_LIKELY(_al_hot.timed))                                                  \
             return timed_##sym(AL_STRIP(args), t);                                     \
         return counted_##sym(AL_STRIP(args), t);                                       \
@@ -219,25 +246,27 @@ static inline void al_busy_cleanup(struct al_thread **t)
     static AL_NOINLINE void timed_##sym(AL_STRIP(params), struct al_thread *t)         \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        unsigned large = !p ? 0 : AL_LIKELY(_al_hot.records) ? _al_waste_free(t, p, NULL) & 1 \
-                                                         : _al_mark_free(t, p);        \
+        unsigned large = !p                           ? 0                              \
+                         : AL_LIKELY(_al_hot.records) ? _al_waste_free(t, p, NULL, NULL) & 1 \
+                                                      : _al_mark_free(t, p, NULL);     \
         AL_TIMED_CALL(op, large, 0, target, _al_real.sym args);                        \
         _al_record_free(t, AL_OP_##op, large, c1 - c0);                                \
     }                                                                                  \
     static AL_NOINLINE void counted_##sym(AL_STRIP(params), struct al_thread *t)       \
     {                                                                                  \
         t->busy = 1;                                                                   \
-        _al_sample_forget(p);                                                          \
+        _al_sample_forget(p, NULL);                                                    \
         _al_real.sym args;                                                             \
         _al_count_free(t, AL_OP_##op);                                                 \
     }                                                                                  \
-    static AL_NOINLINE void slow_##sym params                                          \
+    static AL_NOINLINE void slow_##sym(AL_STRIP(params), const void *ra)               \
     {                                                                                  \
         if (AL_UNLIKELY(!_al_tls && _al_thread_exit_entry_free(p)))                    \
             return; /* ours, not the allocator's: see thread.c */                      \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return; /* the process is ending: kept, not handed back */                 \
-        struct al_thread *t = _al_enter_slow();                                        \
+        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
+        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
         if (t && _al_hot.timed)                                                        \
             timed_##sym(AL_STRIP(args), t);                                            \
         else if (t)                                                                    \
@@ -251,7 +280,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return;                                                                    \
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy)) {                                              \
-            slow_##sym args;                                                           \
+            slow_##sym(AL_STRIP(args), __builtin_return_address(0));                   \
             return;                                                                    \
         }                                                                              \
         if (_al_hot.timed) {                                                           \
@@ -302,11 +331,12 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
         _al_count_alloc(t, AL_OP_##op, (size), rc == 0 ? *out : NULL);                 \
         return rc;                                                                     \
     }                                                                                  \
-    static AL_NOINLINE int slow_##sym params                                           \
+    static AL_NOINLINE int slow_##sym(AL_STRIP(params), const void *ra)                \
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return own_memalign(out, (align), (size));                                 \
-        struct al_thread *t = _al_enter_slow();                                        \
+        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
+        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
@@ -317,7 +347,7 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
     {                                                                                  \
         struct al_thread *t = _al_tls;                                                 \
         if (AL_UNLIKELY(!t || t->busy))                                                \
-            return slow_##sym args;                                                    \
+            return slow_##sym(AL_STRIP(args), __builtin_return_address(0));            \
         if (AL_LIKELY(_al_hot.timed))                                                  \
             return timed_##sym(AL_STRIP(args), t);                                     \
         return counted_##sym(AL_STRIP(args), t);                                       \

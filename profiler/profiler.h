@@ -7,6 +7,7 @@
 #define ALLOCLENS_PROFILER_H
 
 #include <elf.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -565,6 +566,9 @@ _Static_assert(offsetof(struct al_thread, rows) + AL_ROWS * sizeof(struct al_row
 extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
 
 #define AL_BUSY_EXITING 2 /* busy for good: no _al_unbusy will come */
+/* Busy inside the real call of an operator new, whose new-handler is the program's code: a
+ * call that handler makes is counted as the program's (interpose/real.c, _al_enter_call). */
+#define AL_BUSY_NEW 3
 
 /* A signal that ends the process came while the thread was busy (signals.c): raises it again,
  * the thread's state whole now. */
@@ -902,6 +906,38 @@ AL_INLINE bool _al_call_begin(struct al_thread *t, unsigned op, unsigned large)
     return counted;
 }
 
+/* A call the program makes while the thread is inside an operator new (its new-handler's) is
+ * counted like any other: the call it interrupts is set aside meanwhile, and not counted
+ * twice for events. */
+struct al_nest {
+    struct al_thread *t; /* NULL: nothing set aside */
+    int busy;
+    unsigned in_call;
+    char sud_selector;
+    unsigned countdown;
+};
+
+AL_INLINE void _al_nest_enter(struct al_thread *t, struct al_nest *n)
+{
+    *n = (struct al_nest){ t, t->busy, t->in_call, t->sud_selector, t->ctr.countdown };
+    t->in_call = 0;
+    t->sud_selector = SYSCALL_DISPATCH_FILTER_ALLOW;
+    t->ctr.countdown = UINT_MAX; /* this call's events are not counted */
+}
+
+/* Puts the interrupted call back (a cleanup: also when the nested call throws). */
+AL_INLINE void _al_nest_leave(struct al_nest *n)
+{
+    struct al_thread *t = n->t;
+    if (!t)
+        return;
+    t->busy = n->busy;
+    t->in_call = n->in_call;
+    t->ctr.countdown = n->countdown;
+    atomic_signal_fence(memory_order_seq_cst);
+    t->sud_selector = n->sud_selector;
+}
+
 /* The counted call's events, added to its op's sums (record.c). */
 void _al_call_counted(struct al_thread *t, unsigned op, uint64_t cycles);
 
@@ -985,10 +1021,11 @@ AL_INLINE void _al_waste_countback(struct al_thread *t, uint64_t req)
 /* The object at p is about to be freed (or moved by realloc): its record retired, its class
  * row and blowup counted (sampled objects forgotten by the sampler first), before the
  * allocator has the address back and another thread may be handed it. Returns 0 where it had
- * no record, else 2 | large; UNDO (may be NULL) keeps what realloc needs to put it back if
- * the call fails. The common case, an object whose class the table tells, is counted without
+ * no record, else 2 | large; UNDO and SAMPLE_UNDO (may be NULL) keep what realloc needs to
+ * put the record and the sample back if the call fails. The common case, an object whose class the table tells, is counted without
  * a call. */
-AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_undo *undo)
+AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_undo *undo,
+                                   struct al_sample_undo *sample_undo)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, false);
@@ -996,7 +1033,7 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
         return 0;
     unsigned flags = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED);
     if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))
-        _al_sample_free(p);
+        _al_sample_free(p, sample_undo);
     if (!(flags & AL_SHADOW_LIVE)) /* no record */
         return 0;
     struct al_shadow_object o;
@@ -1035,14 +1072,14 @@ AL_INLINE unsigned _al_mark_alloc(struct al_thread *t, void *p, unsigned large)
 }
 
 /* The object at p is about to be freed: whether it was large (sampled objects forgotten by
- * the sampler first). */
-AL_INLINE unsigned _al_mark_free(struct al_thread *t, void *p)
+ * the sampler first, SAMPLE_UNDO as for _al_waste_free). */
+AL_INLINE unsigned _al_mark_free(struct al_thread *t, void *p, struct al_sample_undo *sample_undo)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, false);
     if (AL_UNLIKELY(r == NULL))
         return 0;
-    _al_sample_forget(p);
+    _al_sample_forget(p, sample_undo);
     return _al_shadow_take_large(r, a);
 }
 

@@ -124,7 +124,7 @@ static void mark(const void *p, bool on)
 }
 
 /* Not in full mode, whose frees read the shadow table's mark themselves (_al_waste_free). */
-AL_NOINLINE void _al_sample_forget_slow(const void *p)
+AL_NOINLINE void _al_sample_forget_slow(const void *p, struct al_sample_undo *u)
 {
     const struct bucket *k = &buckets[_al_sample_page(p)];
     bool found = false;
@@ -133,7 +133,7 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p)
     if (!found && atomic_load_explicit(&k->over, memory_order_relaxed))
         found = _al_shadow_flags(p) & AL_SHADOW_SAMPLED;
     if (found)
-        _al_sample_free(p);
+        _al_sample_free(p, u);
 }
 
 /* The sampler's two locks (the table's, and unwinding's below) hold their owner, the address
@@ -489,7 +489,7 @@ static void erase(struct sample *e)
     }
 }
 
-static void forget(struct sample *e, uint64_t now)
+static void forget(struct sample *e, uint64_t now, struct al_sample_undo *u)
 {
     struct al_site *st = e->site < AL_SITES_MAX ? _al_site(e->site) : &_al_sampler.unattributed;
     st->live_bytes -= e->bytes;
@@ -502,10 +502,26 @@ static void forget(struct sample *e, uint64_t now)
     if (s.nsamples == 1)
         s.live_bytes = 0;
     uint64_t life = now > e->born ? now - e->born : 0;
-    st->life_cycles[_al_hist_bucket(life)]++;
+    unsigned bucket = _al_hist_bucket(life);
+    st->life_cycles[bucket]++;
     st->nlife++;
+    if (u)
+        *u = (struct al_sample_undo){ e->addr, e->site, bucket, e->size, e->born, e->objects, e->bytes };
     mark((void *)e->addr, false);
     erase(e);
+}
+
+/* Lock held, room made: E is a live sample of site ST. */
+static void add(const struct sample *e, struct al_site *st)
+{
+    struct slot *sl = find_slot(e->addr);
+    sl->addr = e->addr;
+    sl->idx = (uint32_t)s.nsamples;
+    s.samples[s.nsamples++] = *e;
+    mark((void *)e->addr, true);
+    st->live_bytes += e->bytes;
+    st->live_objects += e->objects;
+    s.live_bytes += e->bytes;
 }
 
 /* ---- peak snapshots ------------------------------------------------------------------------ */
@@ -691,18 +707,11 @@ static void sample_alloc(struct al_thread *t, size_t size, void *p)
     s.peak_set_current = false;
     struct sample *old = find((uintptr_t)p);
     if (old) /* freed behind our back (a realloc racing with its free): forget the old one */
-        forget(old, now);
+        forget(old, now, NULL);
     uint32_t id = site_of(frames, n);
     struct al_site *st = id < AL_SITES_MAX ? _al_site(id) : &_al_sampler.unattributed;
     if (index_room()) {
-        struct slot *sl = find_slot((uintptr_t)p);
-        sl->addr = (uintptr_t)p;
-        sl->idx = (uint32_t)s.nsamples;
-        s.samples[s.nsamples++] = (struct sample){ (uintptr_t)p, id, size, now, objects, bytes };
-        mark(p, true);
-        st->live_bytes += bytes;
-        st->live_objects += objects;
-        s.live_bytes += bytes;
+        add(&(struct sample){ (uintptr_t)p, id, size, now, objects, bytes }, st);
     } else {
         _al_sampler.dropped++;
     }
@@ -723,7 +732,7 @@ void _al_sampler_heap_peak(uint64_t heap, bool unless_lower)
     unlock(took);
 }
 
-AL_NOINLINE void _al_sample_free(const void *p)
+AL_NOINLINE void _al_sample_free(const void *p, struct al_sample_undo *u)
 {
     int saved = errno, cancel = _al_nocancel_begin();
     long rss = rss_peak(false); /* p is marked sampled: it is, but for a race */
@@ -732,9 +741,26 @@ AL_NOINLINE void _al_sample_free(const void *p)
     struct sample *e = find((uintptr_t)p);
     if (e) {
         sampled_event_peak(rss, now); /* a peak passed since the last sample: p still in it */
-        forget(e, now);
+        forget(e, now, u);
         s.peak_set_current = false;
     }
+    unlock(took);
+    _al_nocancel_end(cancel);
+    errno = saved;
+}
+
+/* The realloc failed: its object is the program's still, and a live sample again (the
+ * lifetime its forgetting counted taken back). */
+AL_NOINLINE void _al_sample_restore(const struct al_sample_undo *u)
+{
+    int saved = errno, cancel = _al_nocancel_begin();
+    bool took = lock();
+    struct al_site *st = u->site < AL_SITES_MAX ? _al_site(u->site) : &_al_sampler.unattributed;
+    st->life_cycles[u->life]--;
+    st->nlife--;
+    if (!find(u->addr) && index_room())
+        add(&(struct sample){ u->addr, u->site, u->size, u->born, u->objects, u->bytes }, st);
+    s.peak_set_current = false;
     unlock(took);
     _al_nocancel_end(cancel);
     errno = saved;

@@ -78,17 +78,29 @@ static inline struct al_site *_al_site(uint32_t id)
     return &_al_sampler.site_chunk[id / AL_SITE_CHUNK][id % AL_SITE_CHUNK];
 }
 
+/* A sample that realloc forgot before its call, kept to be put back if the call fails (the
+ * object stays the program's): addr 0 where none was forgotten. */
+struct al_sample_undo {
+    uintptr_t addr;
+    uint32_t site;
+    unsigned life; /* the bucket its lifetime went to */
+    uint64_t size, born;
+    double objects, bytes;
+};
+
 void _al_sample_alloc(struct al_thread *t, size_t size, void *p);
-void _al_sample_free(const void *p);
-void _al_sample_forget_slow(const void *p);
+/* p is no longer a live sample (U, may be NULL: what realloc needs to put it back). */
+void _al_sample_free(const void *p, struct al_sample_undo *u);
+void _al_sample_forget_slow(const void *p, struct al_sample_undo *u);
+void _al_sample_restore(const struct al_sample_undo *u);
 
 /* p is being freed or moved (--mode sample and time): forgotten by the sampler if it is a live
  * sample. Only a page whose bucket holds one costs a look further (sampler.c). (Full mode reads
  * the sample's mark in the shadow byte it reads anyway for the object's record.) */
-static inline __attribute__((always_inline)) void _al_sample_forget(const void *p)
+static inline __attribute__((always_inline)) void _al_sample_forget(const void *p, struct al_sample_undo *u)
 {
     if (__builtin_expect(p && _al_sample_page_maybe(p), 0))
-        _al_sample_forget_slow(p);
+        _al_sample_forget_slow(p, u);
 }
 
 /* HWM_KIB: the process's VmHWM now (-1: unknown). */

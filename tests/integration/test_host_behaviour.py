@@ -156,8 +156,13 @@ def check_throw(tap, desc, main, sides, stdout, stderr):
            f"{desc}: each failed operator new counted once, large, address n/a",
            f"program: {line}; report: {threw}")
     vallocs = report_vallocs(main or {})
-    tap.ok(vallocs == int(truth["valloc"]), f"{desc}: every valloc after the exceptions counted",
+    tap.ok(vallocs == int(truth["valloc"]),
+           f"{desc}: every valloc after the exceptions and in the new-handler counted",
            f"program: {truth['valloc']}; report: {vallocs}")
+    news = sum(int(r["count"]) for r in ops
+               if r["op"] == "new" and r["size_class"] == "small" and r["phase"] == "parallel")
+    tap.ok(news == int(truth["parallel_new"]), f"{desc}: the new-handler's own operator new calls counted",
+           f"program: {truth['parallel_new']}; report: {news}")
 
 
 def check_quick_exit(tap, desc, main, sides, stdout, stderr):

@@ -570,14 +570,16 @@ def check_determinism(tap, prog, tmp, reports):
            why or json.dumps({k: v for k, v in viaenv["sites"].items() if k not in LISTS}))
 
 
-def check_pagemap(tap, prog, tmp, flag=None):
+def check_pagemap(tap, prog, tmp, flag=None, mode="full"):
     """64 MiB, a quarter written after the malloc, live until exit: three quarters untouched.
     --after: 8 MiB more allocated (and written) after the quarter was written. --fork: the same
     in a forked child, whose parent had read its own pagemap before: the child's report must
-    read the child's."""
-    label = "pagemap" + (f" {flag}" if flag else "")
+    read the child's. --failed-realloc: a realloc of the buffer failed, which leaves it the
+    program's (and its sample live), in each MODE."""
+    label = "pagemap" + (f" {flag}" if flag else "") + (f" --mode {mode}" if mode != "full" else "")
     name = label.replace(" ", "")
-    proc, rep, truth, why = run([prog, *([flag] if flag else [])], tmp, name, extra=("--seed", "1"))
+    proc, rep, truth, why = run([prog, *([flag] if flag else [])], tmp, name,
+                                extra=("--seed", "1", "--mode", mode))
     if not why and flag == "--fork":
         side = os.path.join(tmp, f"{name}.{truth['child']}.json")
         rep = json.load(open(side)) if os.path.exists(side) else None
@@ -820,6 +822,8 @@ def main():
     check_pagemap(tap, pagemap, tmp)
     check_pagemap(tap, pagemap, tmp, "--after")
     check_pagemap(tap, pagemap, tmp, "--fork")
+    for mode in ("full", "time", "sample"):
+        check_pagemap(tap, pagemap, tmp, "--failed-realloc", mode)
     check_mode_sample(tap, counts, tmp)
     check_kept_samples(tap, counts, tmp)
     check_pprof(tap, stats, tmp)

@@ -733,7 +733,7 @@ START_TEST(sampler_tables_grow)
     /* Every seventh first, then the rest: the holes are filled from the end of the table. */
     for (unsigned k = 0; k < 7; k++)
         for (unsigned i = k; i < N; i += 7)
-            _al_sample_free(base + (size_t)i * STRIDE);
+            _al_sample_free(base + (size_t)i * STRIDE, NULL);
     ck_assert_uint_eq(st->nlife, N);
     ck_assert_double_eq(st->live_objects, 0);
     ck_assert_double_eq_tol(st->alloc_objects, N * each, 1e-6 * N * each);

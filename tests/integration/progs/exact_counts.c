@@ -27,8 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* free_sized / free_aligned_sized (C23) are counted as free. glibc 2.36 has neither; when the
- * process has them (alloclens may export them), the program uses them for some frees. */
+/* free_sized / free_aligned_sized (C23) are counted as free. glibc 2.36 has neither; where the
+ * C library has them (alloclens then interposes them too), the program uses them for some frees. */
 extern void free_sized(void *, size_t) __attribute__((weak));
 extern void free_aligned_sized(void *, size_t, size_t) __attribute__((weak));
 

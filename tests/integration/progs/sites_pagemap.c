@@ -11,6 +11,10 @@
  *
  *   {"buffer":67108864,"touched":16777216,"after":8388608,"child":0}
  *
+ * With --failed-realloc, a realloc of the buffer to more than any machine has then fails: the
+ * buffer is the program's still, and its site's sample must stay live through the peak that
+ * site_after_touch's 8 MiB then make.
+ *
  * With --fork, the process first allocates, writes and frees 4 MiB (site_after_touch), so
  * that its pagemap has been read before; then a forked child does the above (without
  * --after) and exits, and its truth also says its pid ("child"), whose report is the one to
@@ -19,6 +23,8 @@
  * The buffer is far larger than the sampling rate (p = 1 - e^(-64 MiB / R), 1 for any R of a
  * few MiB or less), so the site is sampled in every run.
  */
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +57,8 @@ NOINL static void site_after_touch(size_t size)
 int main(int argc, char **argv)
 {
     const size_t size = 64 * MiB, touched = size / 4;
-    size_t more = argc > 1 && strcmp(argv[1], "--after") == 0 ? 8 * MiB : 0;
+    bool failed_realloc = argc > 1 && strcmp(argv[1], "--failed-realloc") == 0;
+    size_t more = argc > 1 && (strcmp(argv[1], "--after") == 0 || failed_realloc) ? 8 * MiB : 0;
     pid_t child = 0;
     char out[256];
 
@@ -70,6 +77,11 @@ int main(int argc, char **argv)
         child = getpid();
     }
     site_touch_quarter(size, touched);
+    if (failed_realloc) {
+        size_t volatile huge = SIZE_MAX / 2;
+        if (realloc(buffer, huge) != NULL)
+            return 1;
+    }
     if (more)
         site_after_touch(more);
     int len = snprintf(out, sizeof out, "{\"buffer\":%zu,\"touched\":%zu,\"after\":%zu,\"child\":%d}\n",
