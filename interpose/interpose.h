@@ -67,6 +67,11 @@ const sigset_t *_al_signals_deliverable(int how, const sigset_t *set, sigset_t *
 /* signal_compat.c */
 void _al_signal_compat_resolve(void);
 
+/* clone.c */
+void _al_clone_resolve(void);
+/* syscall()'s clone, clone3 and fork (NR, args A), made through REAL. */
+long _al_clone_syscall(long (*real)(long, ...), long nr, const long a[6]);
+
 /* real.c */
 /* The first call of a thread, a nested call, or a call before start-up finished: returns the
  * thread's state with busy set when the call is to be counted, NULL when it must only be

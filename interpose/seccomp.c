@@ -1,7 +1,8 @@
 /* prctl and syscall, for the one thing the profiler must know of either: the program
  * installing a seccomp filter, with prctl(PR_SET_SECCOMP) or the seccomp system call (as
  * libseccomp makes it). profiler/seccomp.c is told before and after; every call goes on to the
- * C library's function with its arguments as they came. */
+ * C library's function with its arguments as they came. (syscall()'s clone, clone3 and fork
+ * go through clone.c, which runs our fork handlers around them.) */
 #include <dlfcn.h>
 #include <linux/seccomp.h>
 #include <stdarg.h>
@@ -31,6 +32,8 @@ AL_EXPORT long syscall(long nr, ...)
     va_end(ap);
     if (AL_UNLIKELY(!real_syscall))
         _al_seccomp_resolve();
+    if (AL_UNLIKELY(nr == SYS_clone || nr == SYS_clone3 || nr == SYS_fork))
+        return _al_clone_syscall(real_syscall, nr, a);
     bool installs = nr == SYS_seccomp && (a[0] == SECCOMP_SET_MODE_STRICT || a[0] == SECCOMP_SET_MODE_FILTER);
     if (AL_LIKELY(!installs))
         return real_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);

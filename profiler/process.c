@@ -96,21 +96,21 @@ static void on_exit_report(int status, void *arg)
  * interrupted it there; whether each lock was taken here or so held is kept for the release. */
 static bool fork_took_unwind, fork_took_samples;
 
-static void atfork_prepare(void)
+void _al_process_atfork_prepare(void)
 {
     _al_threads_atfork_prepare();
     fork_took_unwind = _al_sampler_unwind_lock();
     fork_took_samples = _al_sampler_lock();
 }
 
-static void atfork_parent(void)
+void _al_process_atfork_parent(void)
 {
     _al_sampler_unlock(fork_took_samples);
     _al_sampler_unwind_unlock(fork_took_unwind);
     _al_threads_atfork_parent();
 }
 
-static void atfork_child(void)
+void _al_process_atfork_child(void)
 {
     image_pid = getpid();
     _al_stderr_after_fork_child();
@@ -209,7 +209,7 @@ void _al_process_start(int argc, char *const argv[])
     /* Registered for no library (pthread_atfork would name ours): exit's _dl_fini runs before
      * our report and takes a library's fork handlers away with it, so a fork racing exit on
      * another thread would run our prepare handler and never the one that unlocks. */
-    __register_atfork(atfork_prepare, atfork_parent, atfork_child, NULL);
+    __register_atfork(_al_process_atfork_prepare, _al_process_atfork_parent, _al_process_atfork_child, NULL);
     hooks->started();
     _al_allocator_identify(&_al_allocator, hooks->malloc_addr(), hooks->own_malloc(),
                            _al_settings.allocator);

@@ -1188,6 +1188,11 @@ bool _al_process_shared_child(void);
  * one of our calls, setting *OWN_MEMORY first (the thread's allocations then bypass the
  * allocator). */
 void _al_process_before_exit_syscall(int status, bool *own_memory);
+/* A fork's handlers (registered with the C library; also run around a clone system call that
+ * makes a process of its own, which the C library's fork does not see: interpose/clone.c). */
+void _al_process_atfork_prepare(void);
+void _al_process_atfork_parent(void);
+void _al_process_atfork_child(void);
 /* SIG, left at its default action by the program, is about to end the process: the same, but
  * the report says the process ended by SIG. */
 void _al_process_before_fatal_signal(int sig, bool *own_memory);

@@ -18,12 +18,26 @@
  *                            _exits 0), 2 allocate, and main calls exit(7) after 20 ms: exit
  *                            took the profiler's fork handlers away while a fork was between
  *                            them, its locks stayed held and the report waited for good (or,
- *                            under jemalloc, glibc aborted) */
+ *                            under jemalloc, glibc aborted)
+ *        host_fork raw       children made without fork(), each allocating: the clone system
+ *                            call (same stack) exits 11, clone3 _exits 12, glibc's clone()
+ *                            runs a function that returns 13, the fork system call exits 14.
+ *                            The C library's fork handlers do not run for them: a child's
+ *                            first counted call read the parent's event ring, which it does
+ *                            not inherit (SIGSEGV), and none wrote its report
+ *        host_fork daemon    a child calls daemon(0, 0): its parent side ends inside glibc's
+ *                            daemon() (whose own _exit wrote no report), the daemon allocates
+ *                            and exits 0; the main process waits for both (the daemon holds a
+ *                            pipe's end until it is gone, its report written) */
+#include <linux/sched.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -278,6 +292,104 @@ static int exit_forking(void)
     exit(7);
 }
 
+static _Noreturn void raw_child(int status, int underscore)
+{
+    unsigned long s = churn(3000, status);
+    printf("child %d: churn %lu\n", status, s);
+    fflush(stdout);
+    if (underscore)
+        _exit(status);
+    exit(status);
+}
+
+static int clone_function(void *arg)
+{
+    (void)arg;
+    unsigned long s = churn(3000, 13);
+    printf("child 13: churn %lu\n", s);
+    fflush(stdout);
+    return 13;
+}
+
+/* Child I of raw()'s, made its way; waited for before the next, so the output's order is
+ * fixed. */
+static pid_t raw_spawn(int i)
+{
+    static char clone_stack[256 * 1024] __attribute__((aligned(16)));
+    struct clone_args args = { .exit_signal = SIGCHLD };
+    pid_t pid = -1;
+    fflush(stdout);
+    switch (i) {
+    case 0:
+        pid = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+        if (pid == 0)
+            raw_child(11, 0);
+        break;
+    case 1:
+        pid = (pid_t)syscall(SYS_clone3, &args, sizeof args);
+        if (pid == 0)
+            raw_child(12, 1);
+        break;
+    case 2:
+        pid = clone(clone_function, clone_stack + sizeof clone_stack, SIGCHLD, NULL);
+        break;
+    default:
+        pid = (pid_t)syscall(SYS_fork);
+        if (pid == 0)
+            raw_child(14, 0);
+    }
+    return pid;
+}
+
+static int raw(void)
+{
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        int status;
+        pid_t pid = raw_spawn(i);
+        if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+            perror("raw: child");
+            return 1;
+        }
+        describe("parent: raw child", status);
+        ok &= WIFEXITED(status) && WEXITSTATUS(status) == 11 + i;
+    }
+    return ok ? 0 : 1;
+}
+
+static int with_daemon(void)
+{
+    int fds[2];
+    if (pipe(fds) != 0) {
+        perror("pipe");
+        return 1;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        return 1;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        churn(2000, 5);
+        if (daemon(0, 0) != 0)
+            _exit(20);
+        churn(2000, 6);
+        exit(0);
+    }
+    close(fds[1]);
+    int status;
+    char c;
+    if (waitpid(pid, &status, 0) != pid) {
+        perror("waitpid");
+        return 1;
+    }
+    describe("parent: daemon's parent", status);
+    printf("parent: the daemon is gone: %s\n", read(fds[0], &c, 1) == 0 ? "yes" : "no");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "basic";
@@ -293,6 +405,10 @@ int main(int argc, char **argv)
         return with_atexit();
     if (!strcmp(mode, "tree"))
         return tree();
+    if (!strcmp(mode, "raw"))
+        return raw();
+    if (!strcmp(mode, "daemon"))
+        return with_daemon();
     fprintf(stderr, "host_fork: unknown mode %s\n", mode);
     return 2;
 }
