@@ -366,10 +366,6 @@ static int with_daemon(void)
     }
     fflush(stdout);
     pid_t pid = fork();
-    if (pid < 0) {
-        perror("fork");
-        return 1;
-    }
     if (pid == 0) {
         close(fds[0]);
         churn(2000, 5);
@@ -381,8 +377,8 @@ static int with_daemon(void)
     close(fds[1]);
     int status;
     char c;
-    if (waitpid(pid, &status, 0) != pid) {
-        perror("waitpid");
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+        perror("daemon: fork or wait");
         return 1;
     }
     describe("parent: daemon's parent", status);
