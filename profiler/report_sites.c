@@ -57,13 +57,16 @@ static struct al_site **ranked(int (*cmp)(const void *, const void *), uint32_t 
     return r;
 }
 
-/* Residency was measured when the peak had last grown by an eighth (or at the peak itself):
- * its shares, applied to the site's bytes at the peak. */
-static void at_peak(const struct al_site *st, double out[3])
+/* Residency was measured when the peak had last grown by an eighth, or sites not measured
+ * then came to hold an eighth of it (or at the peak itself): its shares, applied to the site's
+ * bytes at the peak. False for a site with bytes at the peak but none measured (its samples
+ * all came after the last measurement): unknown, not zero. */
+static bool at_peak(const struct al_site *st, double out[3])
 {
     double sum = st->at_peak[0] + st->at_peak[1] + st->at_peak[2];
     for (int k = 0; k < 3; k++)
         out[k] = sum > 0 ? st->at_peak[k] / sum * st->peak_live_bytes : 0;
+    return sum > 0 || st->peak_live_bytes <= 0;
 }
 
 static double lifetime_ns(const struct al_site *st, double q, double cycles_per_ns)
@@ -95,9 +98,11 @@ static void site_json(struct al_buf *b, const struct al_site *st, double cycles_
     else
         _al_buf_puts(b, "null");
     double ap[3];
-    at_peak(st, ap);
-    _al_buf_printf(b, ",\n        \"at_peak\": { \"resident_bytes\": %.0f, \"swapped_bytes\": %.0f, \"untouched_bytes\": %.0f } }",
-                   ap[0], ap[1], ap[2]);
+    if (at_peak(st, ap))
+        _al_buf_printf(b, ",\n        \"at_peak\": { \"resident_bytes\": %.0f, \"swapped_bytes\": %.0f, \"untouched_bytes\": %.0f } }",
+                       ap[0], ap[1], ap[2]);
+    else
+        _al_buf_puts(b, ",\n        \"at_peak\": null }");
 }
 
 static void list_json(struct al_buf *b, const char *key, int (*cmp)(const void *, const void *), double cycles_per_ns,

@@ -62,6 +62,7 @@ static struct {
     double live_bytes;
     double residency_peak;  /* the peak's size (heap or estimate) when residency was last measured */
     bool residency_pending;
+    bool residency_unreadable; /* the pagemap could not be opened: not tried again for sites */
     bool peak_set_current;  /* the live samples are still the peak's: none added or freed since */
     long rss_peak_kib;      /* without the heap's measure: the process's peak RSS at the last peak */
     /* getrusage's peak at start where it is an earlier image's, above this one's (exec keeps
@@ -553,6 +554,7 @@ static void measure_residency(void)
     if (!s.nsamples)
         return; /* a short program often has none: no pagemap to open */
     int pagemap = _al_proc_pagemap_open();
+    s.residency_unreadable = pagemap < 0;
     for (uint64_t i = 0; i < s.nsamples; i++) {
         struct sample *e = &s.samples[i];
         if (e->site >= AL_SITES_MAX)
@@ -629,19 +631,27 @@ static long rss_peak(bool every)
 
 /* Lock held: a new peak of SIZE bytes (the heap's, the peak RSS, or the estimate: SOURCE). The
  * per-site live bytes are copied at every new peak. Residency is measured when the peak has
- * grown by an eighth since it was last measured, and as late as the peak's set of samples
- * stands: at once for a sampled event's, else at the next sampled allocation or free, or at
- * the report. Measured as a heap peak is found (inside the allocation that made it), the
- * object that made it would always look untouched: its caller has not had it back yet. */
+ * grown by an eighth since it was last measured, or when sites not measured then (none of
+ * their samples was live) hold an eighth of its live bytes, and as late as the peak's set of
+ * samples stands: at once for a sampled event's, else at the next sampled allocation or free,
+ * or at the report. Measured as a heap peak is found (inside the allocation that made it), the
+ * object that made it would always look untouched: its caller has not had it back yet. A
+ * site's shares are applied to its bytes at the peak (report_sites.c). */
 static void snapshot(uint64_t now, double size, enum al_peak_source source)
 {
     _al_sampler.peak_bytes = s.live_bytes;
     _al_sampler.peak_time = now;
     _al_sampler.peak_source = source;
-    for (uint32_t i = 0; i < _al_sampler.nsites; i++)
-        _al_site(i)->peak_live_bytes = _al_site(i)->live_bytes;
+    double unmeasured = 0;
+    for (uint32_t i = 0; i < _al_sampler.nsites; i++) {
+        struct al_site *st = _al_site(i);
+        st->peak_live_bytes = st->live_bytes;
+        if (st->live_bytes > 0 && st->at_peak[0] + st->at_peak[1] + st->at_peak[2] <= 0)
+            unmeasured += st->live_bytes;
+    }
     s.peak_set_current = true;
-    if (size >= s.residency_peak * 1.125) {
+    if (size >= s.residency_peak * 1.125 ||
+        (unmeasured > 0 && unmeasured >= s.live_bytes / 8 && !s.residency_unreadable)) {
         s.residency_peak = size;
         s.residency_pending = true;
     }

@@ -588,6 +588,22 @@ def check_pagemap(tap, prog, tmp, flag=None, mode="full"):
         return
     rows = site_rows(rep)
     mine = rows_of(rows, "site_touch_quarter")
+    if flag == "--late-site":
+        late = rows_of(rows, "site_late")
+        ap = late[0].get("at_peak") if len(late) == 1 else None
+        live = num(late[0].get("live_bytes_at_peak")) if late else 0
+        tot = sum(num((ap or {}).get(k)) for k in ("resident_bytes", "swapped_bytes", "untouched_bytes"))
+        tap.ok(isinstance(ap, dict) and live > 0 and abs(tot - live) <= 0.01 * live
+               and num(ap.get("untouched_bytes")) <= 0.05 * tot,
+               f"{label}: site_late, first sampled after the last measure but half of the peak, "
+               "measured: its bytes at the peak all resident or swapped", show_rows(rep))
+        # Any other site with bytes at the peak: measured (its parts sum to them) or null.
+        bad = [r for r in rows if num(r.get("live_bytes_at_peak")) > 0 and r.get("at_peak") is not None
+               and abs(sum(num(r["at_peak"].get(k)) for k in ("resident_bytes", "swapped_bytes", "untouched_bytes"))
+                       - num(r.get("live_bytes_at_peak"))) > 0.01 * num(r.get("live_bytes_at_peak"))]
+        tap.ok(not bad, f"{label}: every site's at_peak sums to its bytes at the peak, or is null "
+               "(none of its samples measured)", show_rows(rep))
+        return
     if flag == "--fork":
         # A side report names frames from dynamic symbols only: the site is the buffer's size.
         mine = [r for r in rows if num(r.get("allocated_bytes")) == truth["buffer"]]
@@ -824,6 +840,8 @@ def main():
     check_pagemap(tap, pagemap, tmp, "--fork")
     for mode in ("full", "time", "sample"):
         check_pagemap(tap, pagemap, tmp, "--failed-realloc", mode)
+    for mode in ("full", "sample"):
+        check_pagemap(tap, pagemap, tmp, "--late-site", mode)
     check_mode_sample(tap, counts, tmp)
     check_kept_samples(tap, counts, tmp)
     check_pprof(tap, stats, tmp)

@@ -20,6 +20,12 @@
  * --after) and exits, and its truth also says its pid ("child"), whose report is the one to
  * read. The parent only waits for it.
  *
+ * With --late-site, no buffer: site_early writes 64 objects of 1 MiB, frees half of them, and
+ * site_late writes 36 more; the peak, 68 MiB, has grown by less than an eighth since the
+ * early ones were measured, but site_late, measured never before, holds half of it. Then
+ * every early object is freed, so the exit is not the peak. The truth names the late site's
+ * bytes ("buffer") and says it touched all of them ("touched").
+ *
  * The buffer is far larger than the sampling rate (p = 1 - e^(-64 MiB / R), 1 for any R of a
  * few MiB or less), so the site is sampled in every run.
  */
@@ -54,9 +60,42 @@ NOINL static void site_after_touch(size_t size)
     after = p;
 }
 
+NOINL static void *site_early(void)
+{
+    void *p = malloc(MiB);
+    if (!p)
+        abort();
+    return memset(p, 0x11, MiB);
+}
+
+NOINL static void *site_late(void)
+{
+    void *p = malloc(MiB);
+    if (!p)
+        abort();
+    return memset(p, 0x22, MiB);
+}
+
+static int late_site(void)
+{
+    static void *early[64], *late[36];
+    for (int i = 0; i < 64; i++)
+        early[i] = site_early();
+    for (int i = 0; i < 32; i++)
+        free(early[i]);
+    for (int i = 0; i < 36; i++)
+        late[i] = site_late();
+    for (int i = 32; i < 64; i++)
+        free(early[i]);
+    printf("{\"buffer\":%lu,\"touched\":%lu,\"after\":0,\"child\":0}\n", 36 * MiB, 36 * MiB);
+    return *(volatile char *)late[35] == 0x22 ? 0 : 1; /* live until exit */
+}
+
 int main(int argc, char **argv)
 {
     const size_t size = 64 * MiB, touched = size / 4;
+    if (argc > 1 && strcmp(argv[1], "--late-site") == 0)
+        return late_site();
     bool failed_realloc = argc > 1 && strcmp(argv[1], "--failed-realloc") == 0;
     size_t more = argc > 1 && (strcmp(argv[1], "--after") == 0 || failed_realloc) ? 8 * MiB : 0;
     pid_t child = 0;
