@@ -649,9 +649,10 @@ struct al_symbol {
  * dynamic symbol table's names. */
 void _al_symbols_begin(bool full);
 void _al_symbolize(uintptr_t pc, struct al_symbol *s);
-/* Why full names were asked for and are missing; NULL when they are not. */
+/* Why the names are not from debug information (not asked for in this process, or missing);
+ * NULL when they are. */
 const char *_al_symbols_unavailable(void);
-/* Where the names come from, for the report: "debug information" or "dynamic symbols ...". */
+/* Where the names come from, for the report: "debug information" or "dynamic symbols". */
 const char *_al_symbols_source(void);
 /* S's function name, demangled into BUF (CAP bytes) where it is mangled. */
 const char *_al_symbol_function(const struct al_symbol *s, char *buf, size_t cap);

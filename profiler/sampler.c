@@ -391,12 +391,12 @@ static unsigned capture(uintptr_t *frames)
     void *raw[AL_SITE_FRAMES + 16];
     int n = _al_sampler_backtrace(raw, (int)(sizeof raw / sizeof raw[0]));
     unsigned k = 0;
-    int i = 0;
-    /* Drop our own frames: the stack starts at the program's call of malloc or new. */
-    while (i < n && (uintptr_t)raw[i] >= s.self_lo && (uintptr_t)raw[i] < s.self_hi)
-        i++;
-    for (; i < n && k < AL_SITE_FRAMES; i++)
-        frames[k++] = (uintptr_t)raw[i];
+    /* Drop our own frames: the stack starts at the program's call of malloc or new, and the
+     * ones further out (a thread's start, a signal handler's call, a clone child's start)
+     * are ours too, which the program's stacks do not have without us. */
+    for (int i = 0; i < n && k < AL_SITE_FRAMES; i++)
+        if ((uintptr_t)raw[i] < s.self_lo || (uintptr_t)raw[i] >= s.self_hi)
+            frames[k++] = (uintptr_t)raw[i];
     return k;
 }
 

@@ -352,14 +352,14 @@ void _al_symbols_begin(bool full)
 
 const char *_al_symbols_unavailable(void)
 {
-    return sym.full && sym.why[0] ? sym.why : NULL;
+    if (!sym.full)
+        return "a process other than the run's main one (only that one starts the symbolizer)";
+    return sym.why[0] ? sym.why : NULL;
 }
 
 const char *_al_symbols_source(void)
 {
-    return !sym.full ? "dynamic symbols (a process other than the run's main one)"
-           : sym.why[0] ? "dynamic symbols"
-                        : "debug information";
+    return _al_symbols_unavailable() ? "dynamic symbols" : "debug information";
 }
 
 /* A return address points after the call: the call itself is looked up. */

@@ -607,6 +607,14 @@ def check_pagemap(tap, prog, tmp, flag=None, mode="full"):
     if flag == "--fork":
         # A side report names frames from dynamic symbols only: the site is the buffer's size.
         mine = [r for r in rows if num(r.get("allocated_bytes")) == truth["buffer"]]
+        sites = rep["sites"]
+        tap.ok(sites.get("symbols") == "dynamic symbols" and "main one" in (sites.get("symbols_reason") or ""),
+               f"{label}: the child's report says its names are dynamic symbols, and why",
+               f"{sites.get('symbols')!r}: {sites.get('symbols_reason')!r}")
+    if flag == "--threaded":
+        ours = [f for r in rows for f in r.get("stack") or [] if "interpose/" in f or "liballoclens" in f]
+        tap.ok(not ours, f"{label}: no frame of alloclens's in any stack (a thread's start, a "
+               "signal handler's call)", f"{ours[:4]}")
     if not tap.ok(len(mine) == 1 and isinstance(mine[0].get("at_peak"), dict),
                   f"{label}: one row for site_touch_quarter, with at_peak", show_rows(rep)):
         return
@@ -842,6 +850,7 @@ def main():
         check_pagemap(tap, pagemap, tmp, "--failed-realloc", mode)
     for mode in ("full", "sample"):
         check_pagemap(tap, pagemap, tmp, "--late-site", mode)
+        check_pagemap(tap, pagemap, tmp, "--threaded", mode)
     check_mode_sample(tap, counts, tmp)
     check_kept_samples(tap, counts, tmp)
     check_pprof(tap, stats, tmp)

@@ -20,6 +20,10 @@
  * --after) and exits, and its truth also says its pid ("child"), whose report is the one to
  * read. The parent only waits for it.
  *
+ * With --threaded, the buffer is allocated by a thread of its own, and the 8 MiB of --after by
+ * a SIGALRM handler (raised by main): their stacks must hold no frame of alloclens's (its thread
+ * start and handler call are further out than the allocation).
+ *
  * With --late-site, no buffer: site_early writes 64 objects of 1 MiB, frees half of them, and
  * site_late writes 36 more; the peak, 68 MiB, has grown by less than an eighth since the
  * early ones were measured, but site_late, measured never before, holds half of it. Then
@@ -29,6 +33,8 @@
  * The buffer is far larger than the sampling rate (p = 1 - e^(-64 MiB / R), 1 for any R of a
  * few MiB or less), so the site is sampled in every run.
  */
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,6 +82,30 @@ NOINL static void *site_late(void)
     return memset(p, 0x22, MiB);
 }
 
+static void *thread_main(void *arg)
+{
+    (void)arg;
+    site_touch_quarter(64 * MiB, 16 * MiB);
+    return NULL;
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    site_after_touch(8 * MiB);
+}
+
+static int threaded(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, thread_main, NULL) || pthread_join(t, NULL))
+        return 1;
+    signal(SIGALRM, on_alarm);
+    raise(SIGALRM);
+    printf("{\"buffer\":%lu,\"touched\":%lu,\"after\":%lu,\"child\":0}\n", 64 * MiB, 16 * MiB, 8 * MiB);
+    return buffer[0] == 0x5a && after[0] == (char)0xa5 ? 0 : 1; /* live until exit */
+}
+
 static int late_site(void)
 {
     static void *early[64], *late[36];
@@ -96,6 +126,8 @@ int main(int argc, char **argv)
     const size_t size = 64 * MiB, touched = size / 4;
     if (argc > 1 && strcmp(argv[1], "--late-site") == 0)
         return late_site();
+    if (argc > 1 && strcmp(argv[1], "--threaded") == 0)
+        return threaded();
     bool failed_realloc = argc > 1 && strcmp(argv[1], "--failed-realloc") == 0;
     size_t more = argc > 1 && (strcmp(argv[1], "--after") == 0 || failed_realloc) ? 8 * MiB : 0;
     pid_t child = 0;
