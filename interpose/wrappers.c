@@ -43,7 +43,7 @@ static AL_COLD void unwound(struct al_unwind *u)
     if (u->stage == AL_UNWIND_TIMED) {
         uint64_t cycles = _al_tsc() - u->c0;
         _al_call_end(t, u->call_op, u->counted, cycles);
-        _al_record_alloc(t, u->call_op, u->bytes, u->call_large, NULL, cycles);
+        _al_record_alloc(t, u->call_op, u->bytes, u->call_large, false, NULL, cycles);
     } else {
         _al_count_alloc(t, u->call_op, u->bytes, NULL);
     }
@@ -114,7 +114,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
         t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_hot.large_threshold;                            \
         AL_TIMED_CALL(op, large, size, target, void *r = _al_real.sym args);           \
-        _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
+        _al_record_alloc(t, AL_OP_##op, (size), large, (align) != 0, r, c1 - c0);     \
         return r;                                                                      \
     }                                                                                  \
     /* --mode sample, the call already counted: this allocation is the one to sample. */ \
@@ -202,7 +202,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             if (sampled.addr)                                                          \
                 _al_sample_restore(&sampled);                                          \
         }                                                                              \
-        _al_record_alloc(t, AL_OP_##op, (size), large, r, c1 - c0);                    \
+        _al_record_alloc(t, AL_OP_##op, (size), large, (align) != 0, r, c1 - c0);     \
         return r;                                                                      \
     }                                                                                  \
     static AL_NOINLINE void *counted_##sym(AL_STRIP(params), struct al_thread *t)      \
@@ -321,7 +321,7 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
         t->busy = 1;                                                                   \
         unsigned large = (size) >= _al_hot.large_threshold;                            \
         AL_TIMED_CALL(op, large, size, target, int rc = _al_real.sym args);            \
-        _al_record_alloc(t, AL_OP_##op, (size), large, rc == 0 ? *out : NULL, c1 - c0); \
+        _al_record_alloc(t, AL_OP_##op, (size), large, true, rc == 0 ? *out : NULL, c1 - c0); \
         return rc;                                                                     \
     }                                                                                  \
     static AL_NOINLINE int counted_##sym(AL_STRIP(params), struct al_thread *t)        \

@@ -532,6 +532,7 @@ struct al_thread {
     char sud_selector;       /* syscall user dispatch: block while in_call */
     unsigned tag;            /* 1..255: this thread in the shadow table's line entries */
     int64_t snap_countdown;  /* bytes to allocate until the next look at the footprint */
+    int64_t free_look;       /* large bytes to free until the next look before a free */
     int64_t (*cls)[4];       /* per size-class row: live objects, requested bytes, extra, blowup
                                 credit (waste.c) */
     int64_t sample_countdown; /* bytes until the next sampled allocation */
@@ -725,6 +726,9 @@ enum { AL_SLOT_OBJECTS, AL_SLOT_REQUESTED, AL_SLOT_INTERNAL, AL_SLOT_BLOWUP, AL_
 
 #define AL_SNAP_CHECK_BYTES (256 << 10)
 #define AL_SNAP_STEP (1u << 20) /* a snapshot when the footprint passes its peak by this */
+/* Large objects freed between two looks at the footprint made before a free: pages the program
+ * wrote after their allocation's look are seen before they go (waste.c). */
+#define AL_SNAP_FREE_LOOK_BYTES (4 << 20)
 
 /* The class tables (a row per size class, page-aligned mappings of their own) are large and
  * mostly zero. What sums them writes only rows it has something to add to, and skips pages
@@ -769,6 +773,10 @@ struct al_waste_state {
     char reason[256];
     char classes_reason[768];      /* why there is no per-class table */
     bool has_table;
+    /* A request may get more than its class: a sequential allocator hands a free chunk over
+     * whole where the rest would be too small to split (glibc: 16 bytes more). Every small
+     * object's usable size is then asked (classify), not only the odd calls'. */
+    bool inexact;
     struct al_class_table table;
     uint32_t nclasses;             /* rows 0..nclasses-1: the table's classes */
     uint32_t slot_any, slot_large, nslots; /* small objects without a table; large objects */
@@ -841,8 +849,8 @@ AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, uns
     struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, true);
     if (AL_UNLIKELY(r == NULL))
         return AL_REUSE_NEW;
-    if (AL_UNLIKELY(large | maybe_odd | !_al_waste.has_table | !t->cls))
-        return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd);
+    if (AL_UNLIKELY(large | maybe_odd | _al_waste.inexact | !_al_waste.has_table | !t->cls))
+        return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd | _al_waste.inexact);
     uint32_t slot = _al_class_index(&_al_waste.table, req), pages;
     bool reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
     if (AL_UNLIKELY(!reused))
@@ -1085,15 +1093,17 @@ AL_INLINE unsigned _al_mark_free(struct al_thread *t, void *p, struct al_sample_
 }
 
 /* A call that returned address p (NULL: failed) for a request of size bytes, of the size class
- * LARGE (the caller decided it once, before the call). Only malloc, calloc and new are sure to
- * get the class the size table says: the others may get a bigger one. */
-AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, unsigned large, void *p,
-                                uint64_t cycles)
+ * LARGE (the caller decided it once, before the call), ALIGNED where it asked for an alignment.
+ * Only malloc, calloc and new without one are sure to get the class the size table says (where
+ * the allocator's classes are exact: _al_waste.inexact): the others may get a bigger one. */
+AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, unsigned large, bool aligned,
+                                void *p, uint64_t cycles)
 {
     unsigned reuse = AL_REUSE_NA;
     if (AL_LIKELY(p != NULL))
         reuse = AL_LIKELY(_al_hot.records)
-                    ? _al_waste_alloc(t, p, size, large, op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW)
+                    ? _al_waste_alloc(t, p, size, large,
+                                      aligned || (op != AL_OP_MALLOC && op != AL_OP_CALLOC && op != AL_OP_NEW))
                     : _al_mark_alloc(t, p, large);
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
     _al_sample_countdown(t, size, p);

@@ -103,6 +103,7 @@ void _al_waste_init(const struct al_alloc_config *c)
         void *mem = bytes ? _al_mem_map(bytes) : NULL;
         if ((mem || !bytes) && _al_class_table_build(&w->table, c, mem) == 0) {
             w->has_table = true;
+            w->inexact = c->style == AL_STYLE_SEQUENTIAL && _al_usable_size;
             w->nclasses = c->nclasses;
             /* A sample another thread took already was marked in an 8-byte granule, where its
              * free must find the mark: then the granule stays. */
@@ -247,11 +248,25 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
     return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
 }
 
+static void check_footprint(void);
+
 AL_NOINLINE unsigned _al_waste_count_free(struct al_thread *t, void *p, const struct al_shadow_object *o,
                                           struct al_waste_undo *undo)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
     unsigned large = o->requested >= _al_hot.large_threshold;
+    /* The footprint is looked at as allocations are made, before their pages are written: a
+     * program that writes big blocks later and frees some before exit had its peak after the
+     * last look. A look before the first large free after a while (the object still counted
+     * live) sees it. */
+    if (large && (t->free_look -= (int64_t)o->requested) < 0) {
+        t->free_look = AL_SNAP_FREE_LOOK_BYTES;
+        if (_al_waste.enabled) {
+            int cancel = _al_nocancel_begin();
+            check_footprint();
+            _al_nocancel_end(cancel);
+        }
+    }
     bool odd;
     int64_t extra, bytes;
     uint32_t slot = classify(p, a, o->requested, large, o->odd, o->pages, &odd, &extra, &bytes);

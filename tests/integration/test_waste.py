@@ -79,6 +79,27 @@ for name in allocs:
     tap.ok("memory       heap at the peak" in text and "internal" in text and "blowup" in text,
            f"waste_frag under {name}: text report shows the memory table")
 
+    # Blocks bigger than their classes: aligned operator new; glibc's whole chunks.
+    for mode in ("aligned", "split"):
+        proc, rep = run(name, [FRAG, mode], wd, name=f"frag-{mode}-{name}")
+        mem = memory(rep)
+        if not tap.ok(proc.returncode == 0 and mem.get("available"), f"waste_frag {mode} under {name}: ran",
+                      proc.stderr.decode()[-2000:]):
+            continue
+        t, final = truth(proc), mem["final"]["internal_fragmentation_bytes"]
+        tap.ok(within(final, t["internal_final"], 0.01),
+               f"waste_frag {mode} under {name}: internal fragmentation at exit {final} within 1% of "
+               f"the program's {t['internal_final']}")
+    # The peak after the last look an allocation made: blocks written later, half freed.
+    proc, rep = run(name, [FRAG, "late"], wd, name=f"frag-late-{name}")
+    mem = memory(rep)
+    if tap.ok(proc.returncode == 0 and mem.get("available"), f"waste_frag late under {name}: ran",
+              proc.stderr.decode()[-2000:]):
+        live = mem["peak"]["live_requested_bytes"]
+        tap.ok(within(live, truth(proc)["live_peak"], 0.01),
+               f"waste_frag late under {name}: live bytes at the peak {live} within 1% of the "
+               f"program's {truth(proc)['live_peak']} (the blocks written after their allocation)")
+
     # (b): blowup with a producer and consumers, none with one thread.
     for mode in ("threads", "single"):
         proc, rep = run(name, [BLOWUP, mode], wd, name=f"blowup-{mode}-{name}")

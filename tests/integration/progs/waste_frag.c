@@ -4,7 +4,18 @@
  *   internal_final N  the same over the survivors
  *   heap_rss_peak N   resident bytes (/proc/self/smaps) of the mappings holding its objects,
  *                     read with every object live
+ *
+ * waste_frag aligned: 5000 objects of 100 bytes from the C++ runtime's operator new with a
+ * 4096-byte alignment (found with dlsym, the runtime loaded by dlopen), every other one freed;
+ * internal_final as above. Their blocks are far bigger than their classes.
+ * waste_frag split: 20000 blocks of 2000 bytes, each followed by a small one that keeps them
+ * apart, are freed; 20000 of 1990 bytes then reuse them (glibc hands a 2016-byte chunk over
+ * whole: 16 bytes more than the class of 1990). internal_final as above, none freed.
+ * waste_frag late: 64 blocks of 1 MiB + 100 bytes from calloc, all written afterwards, then every
+ * other one freed: the peak (all 64 live) comes after the allocations' looks at the footprint.
+ *   live_peak N       the bytes live at the peak
  */
+#include <dlfcn.h>
 #include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,8 +80,76 @@ static unsigned long long heap_rss(void)
     return total;
 }
 
-int main(void)
+static int aligned(void)
 {
+    enum { K = 5000 };
+    static void *p[K];
+    void *(*anew)(size_t, size_t);
+    void (*adelete)(void *, size_t);
+    if (!dlopen("libstdc++.so.6", RTLD_NOW | RTLD_GLOBAL))
+        return 1;
+    *(void **)&anew = dlsym(RTLD_DEFAULT, "_ZnwmSt11align_val_t");
+    *(void **)&adelete = dlsym(RTLD_DEFAULT, "_ZdlPvSt11align_val_t");
+    if (!anew || !adelete)
+        return 1;
+    unsigned long long final = 0;
+    for (int i = 0; i < K; i++)
+        memset(p[i] = anew(100, 4096), 3, 100);
+    for (int i = 0; i < K; i += 2)
+        adelete(p[i], 4096);
+    for (int i = 1; i < K; i += 2)
+        final += malloc_usable_size(p[i]) - 100;
+    printf("internal_final %llu\n", final);
+    return 0;
+}
+
+static int split(void)
+{
+    enum { K = 20000 };
+    static void *a[K], *guard[K], *b[K];
+    for (int i = 0; i < K; i++) {
+        a[i] = malloc(2000);
+        guard[i] = malloc(16);
+        if (!a[i] || !guard[i])
+            return 1;
+    }
+    for (int i = 0; i < K; i++)
+        free(a[i]);
+    unsigned long long final = 0;
+    for (int i = 0; i < K; i++) {
+        b[i] = malloc(1990);
+        if (!b[i])
+            return 1;
+        memset(b[i], 4, 1990);
+        final += malloc_usable_size(b[i]) - 1990 + malloc_usable_size(guard[i]) - 16;
+    }
+    printf("internal_final %llu\n", final);
+    return 0;
+}
+
+static int late(void)
+{
+    enum { K = 64, SIZE = (1 << 20) + 100 };
+    static char *p[K];
+    for (int i = 0; i < K; i++)
+        if (!(p[i] = calloc(1, SIZE)))
+            return 1;
+    for (int i = 0; i < K; i++)
+        memset(p[i], 5, SIZE);
+    for (int i = 0; i < K; i += 2)
+        free(p[i]);
+    printf("live_peak %d\n", K * SIZE);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "aligned") == 0)
+        return aligned();
+    if (argc > 1 && strcmp(argv[1], "split") == 0)
+        return split();
+    if (argc > 1 && strcmp(argv[1], "late") == 0)
+        return late();
     unsigned long long peak = 0, final = 0;
     for (int i = 0; i < N; i++) {
         big[i] = malloc(4100);
