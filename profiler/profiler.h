@@ -768,6 +768,11 @@ struct al_waste_snapshot {
     uint64_t pages[AL_TABLE_WORDS]; /* the pages of cls that may hold rows not zero */
 };
 
+/* The allocator's malloc_usable_size (ours, first in the global scope, only forwards to it),
+ * resolved with the rest at start-up; NULL if it has none. */
+typedef size_t al_usable_size_fn(void *);
+extern al_usable_size_fn *_al_usable_size AL_HIDDEN;
+
 struct al_waste_state {
     bool enabled;
     char reason[256];
@@ -775,7 +780,7 @@ struct al_waste_state {
     bool has_table;
     /* A request may get more than its class: a sequential allocator hands a free chunk over
      * whole where the rest would be too small to split (glibc: 16 bytes more). Every small
-     * object's usable size is then asked (classify), not only the odd calls'. */
+     * object's usable size is then asked, not only the odd calls'. */
     bool inexact;
     struct al_class_table table;
     uint32_t nclasses;             /* rows 0..nclasses-1: the table's classes */
@@ -849,13 +854,15 @@ AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, uns
     struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, true);
     if (AL_UNLIKELY(r == NULL))
         return AL_REUSE_NEW;
-    if (AL_UNLIKELY(large | maybe_odd | _al_waste.inexact | !_al_waste.has_table | !t->cls))
-        return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd | _al_waste.inexact);
+    if (AL_UNLIKELY(large | maybe_odd | !_al_waste.has_table | !t->cls))
+        return _al_waste_alloc_slow(t, r, a, req, large, maybe_odd);
     uint32_t slot = _al_class_index(&_al_waste.table, req), pages;
+    int64_t *row = t->cls[slot], size = (int64_t)_al_class_size(&_al_waste.table, slot);
+    if (AL_UNLIKELY(_al_waste.inexact) && _al_usable_size(p) != (size_t)size)
+        return _al_waste_alloc_slow(t, r, a, req, large, true);
     bool reused = _al_shadow_object_new(r, a, req, false, t->tag, &pages);
     if (AL_UNLIKELY(!reused))
         _al_heap_see(a);
-    int64_t *row = t->cls[slot], size = (int64_t)_al_class_size(&_al_waste.table, slot);
     AL_BUMP(row[AL_CLS_OBJECTS], 1);
     AL_BUMP(row[AL_CLS_REQUESTED], (int64_t)req);
     _al_waste_take_blowup(row, slot, size);
@@ -1158,7 +1165,6 @@ extern _Atomic int _al_state AL_HIDDEN;
 extern struct al_settings _al_settings AL_HIDDEN;
 
 /* Interposer callbacks, so process.c can resolve symbols without depending on interpose/. */
-typedef size_t al_usable_size_fn(void *);
 
 struct al_process_hooks {
     int (*resolve)(void);              /* looks up the real functions; 0 or negative errno */
@@ -1170,9 +1176,6 @@ struct al_process_hooks {
                               glue's), run with the thread busy: the loader may allocate */
 };
 
-/* The allocator's malloc_usable_size (ours, first in the global scope, only forwards to it),
- * resolved with the rest at start-up; NULL if it has none. */
-extern al_usable_size_fn *_al_usable_size AL_HIDDEN;
 /* The C library's posix_spawn, resolved likewise (ours checks whether LD_PRELOAD reaches the
  * program's children), or NULL: what starts the symbolizer helper. */
 extern const void *_al_real_posix_spawn AL_HIDDEN;
