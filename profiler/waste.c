@@ -45,7 +45,16 @@ static struct {
      * zeroes those again, so that in a forked child (whose tables are its parent's pages until
      * written) it copies a few pages, not the whole table. */
     int64_t (*sums)[AL_CLS_N];
+    /* Cycles spent measuring the heap: measuring costs a walk of every mapped page of it
+     * (mincore), so a program whose heap is mostly reserved and little touched (gigabytes of
+     * big blocks) would pay that for each step of growth. */
+    uint64_t spent;
 } snap;
+
+/* Measurements take at most a share of the run (1 / MEASURE_SHARE) past their first
+ * MEASURE_FREE cycles (tens of ms: a short run's looks all go ahead), until exit's. */
+#define MEASURE_SHARE 20
+#define MEASURE_FREE 100000000ull
 
 static _Atomic unsigned next_tag;
 
@@ -162,19 +171,39 @@ AL_NOINLINE bool _al_waste_thread_rows(struct al_thread *t)
 }
 
 /* Called with the thread registry locked: what an exiting thread counted stays counted (its
- * objects live on), and its rows start from zero for the next thread to use them. */
+ * objects live on), and its rows start from zero for the next thread to use them. Only the
+ * pages of its rows that are resident can hold counts (one mincore): glibc's 8190 classes make
+ * 64 pages of rows, of which a thread writes a few, and reading them all (faulting each in
+ * again) and giving them all back cost 190 us a thread, with the registry locked. */
 void _al_waste_thread_retire(struct al_thread *t)
 {
     if (!t->cls || !_al_waste.exited)
         return;
+    size_t bytes = array_bytes(_al_waste.nslots * sizeof *t->cls), pages = bytes / 4096;
+    unsigned char in[AL_TABLE_PAGES_MAX];
+    if (pages > sizeof in || mincore(t->cls, bytes, in) != 0)
+        memset(in, 1, sizeof in < pages ? sizeof in : pages);
     for (uint32_t s = 0; s < _al_waste.nslots; s++) {
+        if (pages <= sizeof in && !(in[s * sizeof *t->cls / 4096] & 1))
+            continue; /* never written: all zero */
         for (unsigned k = 0; k < AL_CLS_CREDIT; k++)
             _al_add_nonzero(&_al_waste.exited[s][k], AL_READ(t->cls[s][k]));
         int64_t credit = AL_READ(t->cls[s][AL_CLS_CREDIT]);
         if (credit) /* no thread of its own to take it back now */
             atomic_fetch_add_explicit(&_al_waste.blowup[s], credit, memory_order_relaxed);
     }
-    madvise(t->cls, array_bytes(_al_waste.nslots * sizeof *t->cls), MADV_DONTNEED); /* zero again, and no longer resident */
+    /* Zero again, and no longer resident: each run of resident pages given back. */
+    for (size_t i = 0; i < pages;) {
+        if (pages <= sizeof in && !(in[i] & 1)) {
+            i++;
+            continue;
+        }
+        size_t j = i + 1;
+        while (j < pages && (pages > sizeof in || (in[j] & 1)))
+            j++;
+        madvise((char *)t->cls + i * 4096, (j - i) * 4096, MADV_DONTNEED);
+        i = j;
+    }
 }
 
 static size_t usable(void *p)
@@ -405,6 +434,11 @@ static void check_footprint(void)
         return;
     if (!_al_spin_trylock(&snap.lock))
         return; /* another thread is taking one */
+    uint64_t begin = _al_tsc(), since = _al_tsc_start().tsc;
+    if (snap.spent > MEASURE_FREE + (begin > since ? begin - since : 0) / MEASURE_SHARE) {
+        _al_spin_unlock(&snap.lock);
+        return; /* over its share: the next look measures */
+    }
     int pagemap = _al_proc_pagemap_open();
     uint64_t total = _al_heap_resident(pagemap);
     atomic_store_explicit(&snap.measured, (total / 4096) << 32 | (rss / 4096 & 0xffffffffu),
@@ -423,6 +457,7 @@ static void check_footprint(void)
         snap.taken++;
     }
     _al_proc_pagemap_close(pagemap);
+    snap.spent += _al_tsc() - begin;
     _al_spin_unlock(&snap.lock);
 }
 
@@ -489,6 +524,7 @@ void _al_waste_after_fork_child(void)
         memset(snap.sums, 0, _al_waste.nslots * sizeof *snap.sums);
     snap.next_rss = 0;
     snap.taken = 0;
+    snap.spent = 0;
     atomic_store(&snap.highest, 0);
     atomic_store(&snap.measured, 0);
     snap.sites_total = 0;
