@@ -2,6 +2,7 @@
  * by internal fragmentation and by bytes allocated, their frames named after the run (never
  * on the hot path, see symbols.c); and the same sites as a pprof heap profile. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,11 +12,15 @@
 
 #define TOP 20
 
+/* Frames' texts are made under the sampler's lock (under_lock), into buffers of their own here
+ * rather than on the stack, which may be a signal handler's small one: C++ names run long. */
+#define TEXT_CAP 8192
+
 static void frame_text(char *out, size_t cap, uintptr_t pc)
 {
     struct al_symbol s;
     _al_symbolize(pc, &s);
-    char plain[512];
+    static char plain[TEXT_CAP];
     const char *fn = _al_symbol_function(&s, plain, sizeof plain);
     const char *mod = s.module ? strrchr(s.module, '/') : NULL;
     mod = mod ? mod + 1 : s.module;
@@ -43,19 +48,29 @@ BY(by_frag, frag_bytes)
 BY(by_alloc, alloc_bytes)
 #undef BY
 
+/* The sites, and the row of the samples past the table's AL_SITES_MAX sites where it has any:
+ * ranked with the others, so that what it holds is not left out of the lists. */
 static struct al_site **ranked(int (*cmp)(const void *, const void *), uint32_t *n)
 {
-    *n = _al_sampler.nsites;
+    bool past = _al_sampler.unattributed.count > 0;
+    *n = _al_sampler.nsites + past;
     if (!*n) /* a short program's usual case: no mapping to make and unmap */
         return NULL;
     struct al_site **r = _al_mem_map(*n * sizeof *r);
     if (!r)
         return NULL;
-    for (uint32_t i = 0; i < *n; i++)
+    for (uint32_t i = 0; i < _al_sampler.nsites; i++)
         r[i] = _al_site(i);
+    if (past)
+        r[*n - 1] = &_al_sampler.unattributed;
     _al_sort(r, *n, sizeof *r, cmp);
     return r;
 }
+
+/* The one frame of the row of samples past the table's sites. */
+#define AL_STR_(x) #x
+#define AL_STR(x) AL_STR_(x)
+#define PAST_TABLE "(sites past the first " AL_STR(AL_SITES_MAX) ", together)"
 
 /* Residency was measured when the peak had last grown by an eighth, or sites not measured
  * then came to hold an eighth of it (or at the peak itself): its shares, applied to the site's
@@ -81,7 +96,9 @@ static double lifetime_ns(const struct al_site *st, double q, double cycles_per_
 static void site_json(struct al_buf *b, const struct al_site *st, double cycles_per_ns)
 {
     _al_buf_puts(b, "      { \"stack\": [");
-    char text[1024];
+    if (st == &_al_sampler.unattributed)
+        _al_buf_json_str(b, PAST_TABLE);
+    static char text[TEXT_CAP];
     for (uint32_t f = 0; f < st->nframes; f++) {
         frame_text(text, sizeof text, st->frames[f]);
         if (f)
@@ -190,9 +207,12 @@ static void sites_text(struct al_buf *b, const struct al_report *rep)
     _al_buf_puts(b, "   live@peak    allocated   int. frag  site\n");
     /* Three frames, as the CLI's rendering: the innermost alone is often the same function
      * for many sites (an interpreter's object allocator, a container's growth). */
-    char text[1024];
+    static char text[TEXT_CAP];
     for (uint32_t i = 0; r && i < n && i < 10; i++) {
-        frame_text(text, sizeof text, r[i]->nframes ? r[i]->frames[0] : 0);
+        if (r[i] == &_al_sampler.unattributed)
+            snprintf(text, sizeof text, "%s", PAST_TABLE);
+        else
+            frame_text(text, sizeof text, r[i]->nframes ? r[i]->frames[0] : 0);
         for (unsigned k = 1; k < r[i]->nframes && k < 3; k++) {
             size_t at = strlen(text);
             if (at + 4 >= sizeof text)
@@ -219,7 +239,7 @@ void _al_report_sites_text(struct al_buf *b, const struct al_report *rep)
 
 struct maps {
     struct al_pprof_mapping m[256];
-    char names[256][256];
+    char names[256][PATH_MAX];
     char ids[256][48];
     uint32_t n;
     char buf[16384];
@@ -255,8 +275,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
     struct maps *mp = _al_mem_map(sizeof *mp);
     struct al_pprof_sample *samples = _al_mem_map((n + 1) * sizeof *samples);
     struct al_pprof_frame *frames = _al_mem_map(frames_n * sizeof *frames);
-    char (*names)[256] = _al_mem_map(frames_n * 2 * 256);
-    if (!mp || !samples || !frames || !names) {
+    if (!mp || !samples || !frames) {
         _al_log("out of memory writing the pprof profile %s", path);
         goto out;
     }
@@ -276,27 +295,29 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
             struct al_symbol s;
             _al_symbolize(st->frames[f], &s);
             fr->address = st->frames[f] - 1;
-            if (s.function) {
-                snprintf(names[2 * k], 256, "%s", s.function);
-                fr->function = names[2 * k];
-            }
-            if (s.file) {
-                snprintf(names[2 * k + 1], 256, "%s", s.file);
-                fr->file = names[2 * k + 1];
-                fr->line = s.line;
-            }
+            fr->function = s.function; /* the symbol table's: there until the process ends */
+            fr->file = s.file;
+            fr->line = s.file ? s.line : 0;
             for (uint32_t m = 0; m < mp->n; m++)
                 if (fr->address >= mp->m[m].start && fr->address < mp->m[m].limit)
                     fr->mapping = m + 1;
         }
     }
+    const struct al_site *past = &_al_sampler.unattributed;
+    uint32_t nsamples = n;
+    if (past->count) { /* one frame of its own, named, with no address */
+        samples[nsamples++] = (struct al_pprof_sample){
+            .frames = &frames[k], .nframes = 1,
+            .alloc_objects = (int64_t)(past->alloc_objects + 0.5), .alloc_space = (int64_t)(past->alloc_bytes + 0.5),
+            .inuse_objects = (int64_t)(past->live_objects + 0.5), .inuse_space = (int64_t)(past->live_bytes + 0.5) };
+        frames[k++] = (struct al_pprof_frame){ .function = PAST_TABLE };
+    }
     _al_sampler_unlock(took);
-    struct al_pprof_profile p = { mp->m, mp->n, samples, n, (int64_t)_al_sampler.rate, 0, (int64_t)runtime_ns };
+    struct al_pprof_profile p = { mp->m, mp->n, samples, nsamples, (int64_t)_al_sampler.rate, 0, (int64_t)runtime_ns };
     char err[512];
     if (_al_pprof_write(path, &p, err, sizeof err) < 0)
         _al_log("%s", err);
 out: /* unmapping NULL does nothing */
-    _al_mem_unmap(names, frames_n * 2 * 256);
     _al_mem_unmap(frames, frames_n * sizeof *frames);
     _al_mem_unmap(samples, (n + 1) * sizeof *samples);
     _al_mem_unmap(mp, sizeof *mp);

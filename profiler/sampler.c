@@ -551,20 +551,20 @@ static void measure_residency(void)
     s.residency_pending = false;
     for (uint32_t i = 0; i < _al_sampler.nsites; i++)
         memset(_al_site(i)->at_peak, 0, sizeof _al_site(i)->at_peak);
+    memset(_al_sampler.unattributed.at_peak, 0, sizeof _al_sampler.unattributed.at_peak);
     if (!s.nsamples)
         return; /* a short program often has none: no pagemap to open */
     int pagemap = _al_proc_pagemap_open();
     s.residency_unreadable = pagemap < 0;
     for (uint64_t i = 0; i < s.nsamples; i++) {
         struct sample *e = &s.samples[i];
-        if (e->site >= AL_SITES_MAX)
-            continue;
+        struct al_site *st = e->site < AL_SITES_MAX ? _al_site(e->site) : &_al_sampler.unattributed;
         double r[3] = { 0, 0, 0 };
         residency(pagemap, e->addr, e->size ? e->size : 1, r);
         /* Scaled like the bytes: the sample stands for bytes/size times its own. */
         double scale = e->size ? e->bytes / (double)e->size : 0;
         for (int k = 0; k < 3; k++)
-            _al_site(e->site)->at_peak[k] += r[k] * scale;
+            st->at_peak[k] += r[k] * scale;
     }
     _al_proc_pagemap_close(pagemap);
 }
@@ -649,6 +649,7 @@ static void snapshot(uint64_t now, double size, enum al_peak_source source)
         if (st->live_bytes > 0 && st->at_peak[0] + st->at_peak[1] + st->at_peak[2] <= 0)
             unmeasured += st->live_bytes;
     }
+    _al_sampler.unattributed.peak_live_bytes = _al_sampler.unattributed.live_bytes;
     s.peak_set_current = true;
     if (size >= s.residency_peak * 1.125 ||
         (unmeasured > 0 && unmeasured >= s.live_bytes / 8 && !s.residency_unreadable)) {

@@ -9,10 +9,10 @@
 #include <string.h>
 
 #define AL_SITE_FRAMES 32
-#define AL_SITES_MAX 4096
+#define AL_SITES_MAX 16384             /* past them, samples count in one row (unattributed) */
 #define AL_SITE_CHUNK 64              /* sites per mapping: the table grows a chunk at a time and
                                          never moves, so a report may read it while threads sample */
-#define AL_SITE_SLOTS 8192            /* hash slots of the site table */
+#define AL_SITE_SLOTS 32768           /* hash slots of the site table */
 
 /* What made the sites' peak the peak (see _al_sampler_heap_peak): its name in the JSON report
  * and its words in the text ones, where the CLI's rendering of a saved report finds it by

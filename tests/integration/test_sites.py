@@ -707,6 +707,43 @@ def check_kept_samples(tap, prog, tmp):
                f"{sites.get('samples_dropped')}, estimate {est}, truth {truth['bytes']}")
 
 
+def check_many_sites(tap, prog, tmp):
+    """More call paths than the site table holds, every allocation sampled: the samples past
+    it form a row of their own, ranked with the others (before, they were in no list, no text
+    and no pprof profile, and the biggest site, allocated last, was missing)."""
+    proc, rep, truth, why = run([prog, "--many-sites"], tmp, "many-sites",
+                                extra=("--sample-rate", "1", "--seed", "2"))
+    if not tap.ok(not why, "many sites: run completes, sites available", why):
+        return
+    sites = rep["sites"]
+    past = [r for r in sites.get("top") or [] if (r.get("stack") or [""])[0].startswith("(sites past the first")]
+    big = max((num(r.get("live_bytes_at_peak")) for r in sites.get("top") or []), default=0)
+    tap.ok(sites.get("sites", 0) < truth["paths"] and len(past) == 1 and big >= truth["big"],
+           f"many sites: {truth['paths']} paths, more than the table's {sites.get('sites')} sites: the rest "
+           f"in one row of the lists, which holds the {truth['big']} bytes allocated last",
+           show_rows(rep))
+
+
+def check_long_name(tap, prog, tmp):
+    """A frame whose function's name is 1664 characters long is named whole, with its file
+    and line, in the JSON and the pprof profile (they were cut at 1023 and 255 characters)."""
+    pprof = os.path.join(tmp, "long-name.pb.gz")
+    proc, rep, truth, why = run([prog, "--long-name"], tmp, "long-name",
+                                extra=("--sample-rate", "1", "--pprof", pprof))
+    if not tap.ok(not why, "long name: run completes, sites available", why):
+        return
+    frames = [f for r in site_rows(rep) for f in (r.get("stack") or [])[:1] if f.startswith("site_long_nam")]
+    tap.ok(len(frames) == 1 and len(frames[0].split(" (")[0]) == truth["name"]
+           and re.search(r"sites_counts\.c:\d+\)$", frames[0]),
+           f"long name: the {truth['name']}-character function named whole, with its file and line",
+           f"{[f[:40] + '...' + f[-40:] for f in frames]}")
+    if shutil.which("go"):
+        out = subprocess.run(["go", "tool", "pprof", "-raw", pprof], capture_output=True, text=True).stdout
+        names = [w for w in out.split() if w.startswith("site_long_nam")]
+        tap.ok(names and all(len(w) >= truth["name"] for w in names),
+               "long name: the pprof profile names it whole", f"{[len(w) for w in names]}")
+
+
 UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
 VALUE = r"(-?[0-9.]+)(B|kB|MB|GB|TB|PB)?"
 
@@ -853,6 +890,8 @@ def main():
         check_pagemap(tap, pagemap, tmp, "--threaded", mode)
     check_mode_sample(tap, counts, tmp)
     check_kept_samples(tap, counts, tmp)
+    check_many_sites(tap, counts, tmp)
+    check_long_name(tap, counts, tmp)
     check_pprof(tap, stats, tmp)
     if not tap.failed:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,13 @@
  *        sites_counts --keep N   N mallocs of 16, 32 and 64 bytes, all live at once (many on
  *                                each page: at a small --sample-rate, many live samples share
  *                                a page), then all freed; nothing is live at exit
+ *        sites_counts --many-sites  2^15 mallocs of 100 bytes, each from a call path of its own
+ *                                (15 levels of two call sites), then 8 of 8 MiB from
+ *                                site_big, all live at exit: more sites than the table holds,
+ *                                the biggest last. Prints {"paths":32768,"big":67108864}
+ *        sites_counts --long-name  one malloc of 1 MiB, live at exit, from a function whose
+ *                                name is 1664 characters long (as C++ templates' names run):
+ *                                named whole. Prints {"name":1664}
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,9 +53,62 @@ NOINL static unsigned long site_kept_mallocs(void **keep, unsigned long n)
     return bytes;
 }
 
+#define LEVELS 15
+
+static void *paths[1u << LEVELS], *big[8];
+
+NOINL static void site_path_leaf(unsigned path)
+{
+    paths[path] = malloc(100);
+    __asm__ volatile("");
+}
+
+/* Each level calls the next from one of two places, as PATH's bit says: a stack per path. */
+NOINL static void site_path(unsigned level, unsigned path)
+{
+    if (level == LEVELS)
+        site_path_leaf(path);
+    else if ((path >> level) & 1)
+        site_path(level + 1, path);
+    else
+        site_path(level + 1, path);
+    __asm__ volatile("");
+}
+
+NOINL static void site_big(void)
+{
+    for (int i = 0; i < 8; i++)
+        big[i] = malloc(8 << 20);
+    __asm__ volatile("");
+}
+
+/* site_long_name_ (13 characters) doubled 7 times. */
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define TWICE(x) CAT(x, x)
+#define LONG_NAME TWICE(TWICE(TWICE(TWICE(TWICE(TWICE(TWICE(site_long_nam)))))))
+
+NOINL static void LONG_NAME(void)
+{
+    sink = malloc(1 << 20);
+    __asm__ volatile("");
+}
+
 int main(int argc, char **argv)
 {
     unsigned long n, bytes;
+    if (argc > 1 && !strcmp(argv[1], "--long-name")) {
+        LONG_NAME();
+        printf("{\"name\":%u}\n", 13u << 7);
+        return sink ? 0 : 1;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--many-sites")) {
+        for (unsigned p = 0; p < 1u << LEVELS; p++)
+            site_path(0, p);
+        site_big();
+        printf("{\"paths\":%u,\"big\":%d}\n", 1u << LEVELS, 8 << 23);
+        return paths[0] && big[7] ? 0 : 1;
+    }
     if (argc > 2 && !strcmp(argv[1], "--keep")) {
         n = strtoul(argv[2], NULL, 10);
         static void *keep[1000000];
