@@ -8,16 +8,42 @@
  *   the process's /proc/PID/maps text, ended by an empty line;
  *   then one return address per line, in hex.
  * Output (standard output): a line per address, in the same order, of five tab-separated
- * fields, empty where unknown: function (demangled), source file, line, module path, and the
+ * fields, empty where unknown: function (demangled; the innermost inlined call's, whose line
+ * it is), source file, line, module path, and the
  * address's offset from the module's load address in hex; then a line "end". The call itself
  * is looked up (the byte before the return address). Exit status 0, or 1 with nothing written
  * when the input is malformed or the module map cannot be built. */
 #include <dlfcn.h>
+#include <dwarf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The function of the innermost inlined call holding PC, whose source line the line table
+ * gives for PC; NULL where PC is in no inlined call (the symbol table's name is its own). */
+static const char *inlined_function(Dwfl_Module *m, Dwarf_Addr pc)
+{
+    Dwarf_Addr bias;
+    Dwarf_Die *cu = dwfl_module_addrdie(m, pc, &bias);
+    Dwarf_Die *scopes = NULL;
+    int n = cu ? dwarf_getscopes(cu, pc - bias, &scopes) : 0;
+    const char *name = NULL;
+    for (int i = 0; i < n && !name; i++) {
+        if (dwarf_tag(&scopes[i]) == DW_TAG_subprogram)
+            break;
+        if (dwarf_tag(&scopes[i]) != DW_TAG_inlined_subroutine)
+            continue;
+        Dwarf_Attribute attr;
+        name = dwarf_formstring(dwarf_attr_integrate(&scopes[i], DW_AT_linkage_name, &attr));
+        if (!name)
+            name = dwarf_formstring(dwarf_attr_integrate(&scopes[i], DW_AT_name, &attr));
+    }
+    free(scopes);
+    return name;
+}
 
 static char *read_all(FILE *f, size_t *len)
 {
@@ -86,8 +112,13 @@ int main(void)
             module = dwfl_module_info(m, NULL, &base, NULL, NULL, NULL, NULL, NULL);
             fn = dwfl_module_addrname(m, pc - 1);
             Dwfl_Line *l = dwfl_module_getsrc(m, pc - 1);
-            if (l)
+            if (l) {
                 file = dwfl_lineinfo(l, NULL, &lineno, NULL, NULL, NULL);
+                /* The line is the innermost inlined call's: so is the name. */
+                const char *inner = inlined_function(m, pc - 1);
+                if (inner)
+                    fn = inner;
+            }
         }
         char *plain = NULL;
         int status = -1;

@@ -744,6 +744,19 @@ def check_long_name(tap, prog, tmp):
                "long name: the pprof profile names it whole", f"{[len(w) for w in names]}")
 
 
+def check_inlined(tap, prog, tmp):
+    """A call of malloc inlined from one function into another: the frame names the inlined
+    function, with its line (the name was the caller's, the line the inlined function's)."""
+    proc, rep, truth, why = run([prog, "--inlined"], tmp, "inlined", extra=("--sample-rate", "1"))
+    if not tap.ok(not why, "inlined: run completes, sites available", why):
+        return
+    want = f"site_inlined_helper (.../sites_counts.c:{truth['line']})"
+    frames = [(r.get("stack") or [""])[0] for r in site_rows(rep)]
+    tap.ok(any(f.startswith("site_inlined_helper (") and f.endswith(f"sites_counts.c:{truth['line']})")
+               for f in frames),
+           f"inlined: the frame reads {want}", f"{[f for f in frames if 'site_inlined' in f]}")
+
+
 UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
 VALUE = r"(-?[0-9.]+)(B|kB|MB|GB|TB|PB)?"
 
@@ -892,6 +905,7 @@ def main():
     check_kept_samples(tap, counts, tmp)
     check_many_sites(tap, counts, tmp)
     check_long_name(tap, counts, tmp)
+    check_inlined(tap, counts, tmp)
     check_pprof(tap, stats, tmp)
     if not tap.failed:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,6 +13,9 @@
  *        sites_counts --long-name  one malloc of 1 MiB, live at exit, from a function whose
  *                                name is 1664 characters long (as C++ templates' names run):
  *                                named whole. Prints {"name":1664}
+ *        sites_counts --inlined  one malloc of 1 MiB, live at exit, from a function inlined
+ *                                into its caller: the frame names the inlined function with
+ *                                its own line. Prints {"line":N}, that line
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,9 +97,27 @@ NOINL static void LONG_NAME(void)
     __asm__ volatile("");
 }
 
+static inline __attribute__((always_inline)) void *site_inlined_helper(size_t n, int *line)
+{
+    *line = __LINE__ + 1;
+    return malloc(n);
+}
+
+NOINL static void site_inlined_caller(int *line)
+{
+    sink = site_inlined_helper(1 << 20, line);
+    __asm__ volatile("");
+}
+
 int main(int argc, char **argv)
 {
     unsigned long n, bytes;
+    if (argc > 1 && !strcmp(argv[1], "--inlined")) {
+        int line;
+        site_inlined_caller(&line);
+        printf("{\"line\":%d}\n", line);
+        return sink ? 0 : 1;
+    }
     if (argc > 1 && !strcmp(argv[1], "--long-name")) {
         LONG_NAME();
         printf("{\"name\":%u}\n", 13u << 7);
