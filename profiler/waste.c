@@ -181,7 +181,8 @@ void _al_waste_thread_retire(struct al_thread *t)
         return;
     size_t bytes = array_bytes(_al_waste.nslots * sizeof *t->cls), pages = bytes / 4096;
     unsigned char in[AL_TABLE_PAGES_MAX];
-    if (pages > sizeof in || mincore(t->cls, bytes, in) != 0)
+    /* Where the program's seccomp filter may refuse mincore, every page is read, as before. */
+    if (pages > sizeof in || !_al_seccomp_measures_ok() || mincore(t->cls, bytes, in) != 0)
         memset(in, 1, sizeof in < pages ? sizeof in : pages);
     for (uint32_t s = 0; s < _al_waste.nslots; s++) {
         if (pages <= sizeof in && !(in[s * sizeof *t->cls / 4096] & 1))
