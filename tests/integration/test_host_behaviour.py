@@ -271,6 +271,10 @@ CASES = [
     case("_exit from a signal handler", "host_signals", ["exit-handler"]),
     case("a periodic SIGEV_THREAD timer whose function allocates", "host_signals", ["sigev-thread"],
          check=check_timer_threads),
+    # Samples on the timer's helper thread: libunwind's locks block and restore signals with a
+    # mask the C library sets without SIGTIMER, which the helper keeps blocked to wait for it.
+    case("the same, a 100 us timer for 300 ms, allocations sampled every 256 bytes", "host_signals",
+         ["sigev-thread", "100", "300"], env={"ALLOCLENS_SAMPLE_RATE": "256"}),
     # Every allocation sampled: most forks come while the main thread is inside the sampler,
     # holding its lock or unwinding; a child that ends inside a call says so on stderr. glibc
     # only: jemalloc's and tcmalloc's own fork handlers wait for their locks, which such a

@@ -51,11 +51,12 @@
  *                 allocation sampled, most forks come inside alloclens's sampler.
  *   exit-in-handler  a SIGUSR1 handler calls exit(6) (not async-signal-safe, and common);
  *                 allocates until it comes (host_raise_in_malloc raises it inside malloc)
- *   sigev-thread  a periodic timer (1 ms) whose expiries run a function on the C library's
- *                 helper thread (SIGEV_THREAD), which allocates, while main allocates for
- *                 50 ms (up to 10 s until the function first ran); prints whether it ran and
- *                 exits 0. The helper thread waits
- *                 for the timer's signal with it blocked: unblocked, it ends the process.
+ *   sigev-thread [US MS]  a periodic timer (every US microseconds, default 1000) whose
+ *                 expiries run a function on the C library's helper thread (SIGEV_THREAD),
+ *                 which allocates, while main allocates for MS milliseconds (default 50; up to
+ *                 10 s until the function first ran); prints whether it ran and exits 0. The
+ *                 helper thread waits for the timer's signal with it blocked: unblocked, it ends
+ *                 the process.
  *   handler-pipe  a thread allocates without pause while main sends it SIGUSR1 5000 times;
  *                 the handler writes a byte to a pipe of the program's and reads it back, as
  *                 libuv's and glib's signal handlers do; prints whether every read got its
@@ -748,7 +749,8 @@ int main(int argc, char **argv)
             perror("timer_create");
             return 1;
         }
-        struct itimerspec every = { { 0, 1000000 }, { 0, 1000000 } };
+        long us = argc > 2 ? atol(argv[2]) : 1000, ms = argc > 3 ? atol(argv[3]) : 50;
+        struct itimerspec every = { { 0, us * 1000 }, { 0, us * 1000 } };
         timer_settime(timer, 0, &every, NULL);
         struct timespec t0, t;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -759,7 +761,7 @@ int main(int argc, char **argv)
             clock_gettime(CLOCK_MONOTONIC, &t);
             elapsed = (t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
             /* On a loaded machine the first expiry's thread may start late: waited for. */
-        } while (elapsed < 50000000L || (atomic_load(&notified) == 0 && elapsed < 10000000000L));
+        } while (elapsed < ms * 1000000L || (atomic_load(&notified) == 0 && elapsed < 10000000000L));
         timer_delete(timer);
         printf("sigev-thread: the timer's function ran: %s\n", atomic_load(&notified) > 0 ? "yes" : "no");
         return 0;
