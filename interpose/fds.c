@@ -72,8 +72,7 @@ static void forget(int fd)
  * signal was lost, and node waited for its child for good). */
 static inline bool unwinders(const void *caller)
 {
-    return AL_UNLIKELY(_al_fds_ours) && (uintptr_t)caller >= _al_unwinder_lo &&
-           (uintptr_t)caller < _al_unwinder_hi;
+    return AL_UNLIKELY(_al_fds_ours) && _al_code_holds(&_al_unwinder_code, caller);
 }
 
 /* FD, made while we unwind, moved up and noted. The move's own close of the low number is the

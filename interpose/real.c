@@ -21,11 +21,10 @@ struct al_real_fns _al_real, _al_next;
 /* ---- targets built here ------------------------------------------------------------------ */
 
 /* The code of the runtime's operators looked up so far: a call from there, nested in one of
- * ours, is its retry of the allocator (_al_enter_nested), not the program's. */
+ * ours, is its retry of the allocator (_al_enter_nested), not the program's. A slot is
+ * claimed, then filled, its start last: one whose start is not there yet holds nothing. */
 #define RUNTIME_NEWS 16
-static struct code_range {
-    _Atomic uintptr_t lo, hi;
-} runtime_news[RUNTIME_NEWS];
+static struct al_code runtime_news[RUNTIME_NEWS];
 static _Atomic unsigned nruntime_news;
 
 static void runtime_new_found(const void *f)
@@ -35,8 +34,8 @@ static void runtime_new_found(const void *f)
     unsigned i = atomic_fetch_add(&nruntime_news, 1);
     if (i >= RUNTIME_NEWS || !dladdr1(f, &info, (void **)&sym, RTLD_DL_SYMENT) || !sym)
         return;
-    atomic_store(&runtime_news[i].hi, (uintptr_t)f + sym->st_size);
-    atomic_store(&runtime_news[i].lo, (uintptr_t)f);
+    __atomic_store_n(&runtime_news[i].hi, (uintptr_t)f + sym->st_size, __ATOMIC_RELAXED);
+    __atomic_store_n(&runtime_news[i].lo, (uintptr_t)f, __ATOMIC_RELEASE);
 }
 
 /* The C++ runtime's own operator, for when the allocator fails (its new-handler loop and
@@ -150,21 +149,16 @@ static uintptr_t object_base(const void *fn)
 #define RESOLVE_OWN_OR_REALLOCARRAY(sym) RESOLVE_OWN(sym)
 #define RESOLVE_OWN_OR_PVALLOC(sym) RESOLVE_OWN(sym)
 
-/* The code of the allocator and our own: calls from there are never the program's. */
-static uintptr_t allocator_lo, allocator_hi, self_lo, self_hi;
+/* The allocator's code: calls from there are never the program's. */
+static struct al_code allocator_code;
 
 static int real_resolve(void)
 {
     AL_NEXT(_al_real.malloc, "malloc");
-    struct al_object allocator, self;
+    struct al_object allocator;
     if (!_al_object_of((const void *)_al_real.malloc, &allocator) || !allocator.base)
         return -ENOENT;
-    allocator_lo = allocator.seg_lo;
-    allocator_hi = allocator.seg_hi;
-    if (_al_object_of((const void *)real_resolve, &self)) {
-        self_lo = self.seg_lo;
-        self_hi = self.seg_hi;
-    }
+    allocator_code = (struct al_code){ allocator.seg_lo, allocator.seg_hi };
 #define AL_ENTRY(kind, op, sym, params, args, size, align, target) RESOLVE_##target(sym)
 #include "entries.def"
 #undef AL_ENTRY
@@ -227,15 +221,17 @@ AL_NOINLINE struct al_thread *_al_enter_slow(void)
 
 AL_COLD struct al_thread *_al_enter_nested(struct al_thread *t, const void *ra, struct al_nest *nest)
 {
-    uintptr_t a = (uintptr_t)ra;
     /* The allocator's own calls; and ours: a slow path reached by a call, not a jump, has its
      * own return address where the caller's should be. */
-    if ((a >= allocator_lo && a < allocator_hi) || (a >= self_lo && a < self_hi))
+    if (_al_code_holds(&allocator_code, ra) || _al_code_holds(&_al_self_code, ra))
         return NULL;
     unsigned n = atomic_load(&nruntime_news);
-    for (unsigned i = 0; i < n && i < RUNTIME_NEWS; i++)
-        if (a >= atomic_load(&runtime_news[i].lo) && a < atomic_load(&runtime_news[i].hi))
+    for (unsigned i = 0; i < n && i < RUNTIME_NEWS; i++) {
+        struct al_code c = { __atomic_load_n(&runtime_news[i].lo, __ATOMIC_ACQUIRE), 0 };
+        c.hi = c.lo ? __atomic_load_n(&runtime_news[i].hi, __ATOMIC_RELAXED) : 0;
+        if (_al_code_holds(&c, ra))
             return NULL;
+    }
     _al_nest_enter(t, nest);
     return t;
 }

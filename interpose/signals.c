@@ -133,7 +133,7 @@ static void end_by_signal(int sig, siginfo_t *si, void *ctx)
     /* Open for the rest of an allocator call this interrupted, as for the program's handlers
      * (run_program_handler): returning takes a system call outside our trampoline. */
     struct al_thread *t = _al_selector_open();
-    if (t && (t->busy == 1 || t->busy == AL_BUSY_NEW)) {
+    if (t && _al_busy_in_call(t)) {
         if (!t->ending_signal && can_wait(sig, si)) {
             t->ending_signal = sig;
             t->ending_since = now_ns();
@@ -295,17 +295,12 @@ static int unwinder_sigprocmask(int how, const sigset_t *set, sigset_t *old)
     return r < 0 ? -1 : 0;
 }
 
-static inline bool from_unwinder(const void *caller)
-{
-    return (uintptr_t)caller >= _al_unwinder_lo && (uintptr_t)caller < _al_unwinder_hi;
-}
-
 AL_EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
 {
     if (AL_UNLIKELY(!real_sigprocmask))
         _al_signals_resolve();
     sigset_t copy;
-    if (AL_UNLIKELY(from_unwinder(__builtin_return_address(0))))
+    if (AL_UNLIKELY(_al_code_holds(&_al_unwinder_code, __builtin_return_address(0))))
         return unwinder_sigprocmask(how, _al_signals_deliverable(how, set, &copy), old);
     return real_sigprocmask(how, _al_signals_deliverable(how, set, &copy), old);
 }
@@ -315,7 +310,7 @@ AL_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
     if (AL_UNLIKELY(!real_pthread_sigmask))
         _al_signals_resolve();
     sigset_t copy;
-    if (AL_UNLIKELY(from_unwinder(__builtin_return_address(0)))) {
+    if (AL_UNLIKELY(_al_code_holds(&_al_unwinder_code, __builtin_return_address(0)))) {
         int r = unwinder_sigprocmask(how, _al_signals_deliverable(how, set, &copy), old);
         return r < 0 ? errno : 0;
     }

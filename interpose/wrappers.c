@@ -91,6 +91,12 @@ static inline void al_busy_cleanup(struct al_thread **t)
             t->busy = 1;                                                               \
     } while (0)
 
+/* A slow path's state T for its call, made at RA: NULL where the call is only forwarded; a
+ * call nested in an operator new sets the interrupted one aside until this frame ends. */
+#define AL_ENTER_CALL(t)                                                               \
+    struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };             \
+    struct al_thread *t = _al_enter_call(ra, &nest_)
+
 /* The real call CALL, timed: the cycle counter around it; around that, what the SIGSYS handler
  * and the lock wrappers need to know (which op, small or large), the syscall selector, and
  * the 1-in-N event counting. Leaves c0 and c1 for the caller. */
@@ -146,8 +152,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return _al_own_alloc((size), (align));                                     \
-        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
-        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
+        AL_ENTER_CALL(t);                                                              \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL)) {                                         \
@@ -222,8 +227,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return _al_own_realloc(p, (size));                                         \
         if (_al_bootstrap_owns(p))                                                     \
             return _al_bootstrap_realloc(p, (size));                                   \
-        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
-        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
+        AL_ENTER_CALL(t);                                                              \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \
@@ -265,8 +269,7 @@ static inline void al_busy_cleanup(struct al_thread **t)
             return; /* ours, not the allocator's: see thread.c */                      \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return; /* the process is ending: kept, not handed back */                 \
-        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
-        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
+        AL_ENTER_CALL(t);                                                              \
         if (t && _al_hot.timed)                                                        \
             timed_##sym(AL_STRIP(args), t);                                            \
         else if (t)                                                                    \
@@ -335,8 +338,7 @@ static AL_COLD int own_memalign(void **out, size_t alignment, size_t size)
     {                                                                                  \
         if (AL_UNLIKELY(_al_own_memory))                                               \
             return own_memalign(out, (align), (size));                                 \
-        struct al_nest nest_ __attribute__((cleanup(_al_nest_leave))) = { 0 };         \
-        struct al_thread *t = _al_enter_call(ra, &nest_);                              \
+        AL_ENTER_CALL(t);                                                              \
         if (t)                                                                         \
             return _al_hot.timed ? timed_##sym(AL_STRIP(args), t) : counted_##sym(AL_STRIP(args), t); \
         if (AL_LIKELY(_al_real.sym != NULL))                                           \

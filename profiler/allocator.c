@@ -76,6 +76,15 @@ bool _al_object_of(const void *addr, struct al_object *out)
     return addr && dl_iterate_phdr(holds_address, &q) != 0;
 }
 
+struct al_code _al_self_code, _al_unwinder_code;
+
+void _al_code_of(const void *fn, struct al_code *c)
+{
+    struct al_object o;
+    if (_al_object_of(fn, &o))
+        *c = (struct al_code){ o.seg_lo, o.seg_hi };
+}
+
 bool _al_object_may_define(const struct al_object *o, const char *name)
 {
     const uint32_t *gnu_hash = NULL;

@@ -12,7 +12,6 @@
 
 static int base = 3, top = 3;
 __thread bool _al_fds_ours __attribute__((tls_model("initial-exec")));
-uintptr_t _al_unwinder_lo, _al_unwinder_hi;
 
 /* Half way up a small limit CUR, at 512 under a large one: far above what most programs open,
  * without growing the kernel's descriptor table much. */

@@ -114,11 +114,8 @@ static void take_back(int sig)
         ;
 }
 
-/* pthread_sigmask leaves the C library's own signals out of any mask it is given (SIGCANCEL,
- * SIGSETXID and SIGTIMER, 32): putting back a mask with it unblocked the SIGTIMER that a
- * SIGEV_THREAD timer's helper thread keeps blocked to wait for it, and the timer's next
- * expiry killed the process (its first malloc took the registry's lock; a helper's stress run
- * found it). The system call puts back exactly what was there. */
+/* Blocking leaves the C library's own signals as they were (its sigfillset and pthread_sigmask
+ * leave them out), which is what blocking wants. */
 void _al_signals_block_all(sigset_t *old)
 {
     sigset_t all;
@@ -127,6 +124,11 @@ void _al_signals_block_all(sigset_t *old)
     pthread_sigmask(SIG_BLOCK, &all, old);
 }
 
+/* pthread_sigmask leaves the C library's own signals out of any mask it is given (SIGCANCEL,
+ * SIGSETXID and SIGTIMER, 32): putting back a mask with it unblocked the SIGTIMER that a
+ * SIGEV_THREAD timer's helper thread keeps blocked to wait for it, and the timer's next
+ * expiry killed the process (its first malloc took the registry's lock; a helper's stress run
+ * found it). The system call puts back exactly what was there. */
 void _al_signals_restore(const sigset_t *old)
 {
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, old, NULL, _NSIG / 8);

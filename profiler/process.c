@@ -61,6 +61,7 @@ void _al_process_init(const struct al_process_hooks *h)
         (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
         abort();
     }
+    _al_code_of((const void *)_al_process_init, &_al_self_code);
     _al_usable_size = h->usable_size();
     _al_real_posix_spawn = h->posix_spawn_addr();
     if (_al_shadow_init() < 0)

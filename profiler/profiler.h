@@ -419,10 +419,6 @@ int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
 extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
-/* libunwind's code, [lo, hi): a call of read, close, pipe2 or open made from there while
- * _al_fds_ours is set is libunwind's; one from elsewhere comes from a signal handler of the
- * program's that interrupted the stack walk, and is the program's (sampler.c sets it). */
-extern uintptr_t _al_unwinder_lo, _al_unwinder_hi AL_HIDDEN;
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 
@@ -568,8 +564,14 @@ extern __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec
 
 #define AL_BUSY_EXITING 2 /* busy for good: no _al_unbusy will come */
 /* Busy inside the real call of an operator new, whose new-handler is the program's code: a
- * call that handler makes is counted as the program's (interpose/real.c, _al_enter_call). */
+ * call that handler makes is counted as the program's (interpose.h, _al_enter_call). */
 #define AL_BUSY_NEW 3
+
+/* Inside one of our calls, which will end (not busy for good: AL_BUSY_EXITING). */
+AL_INLINE bool _al_busy_in_call(const struct al_thread *t)
+{
+    return t->busy && t->busy != AL_BUSY_EXITING;
+}
 
 /* A signal that ends the process came while the thread was busy (signals.c): raises it again,
  * the thread's state whole now. */
@@ -1038,8 +1040,8 @@ AL_INLINE void _al_waste_countback(struct al_thread *t, uint64_t req)
  * row and blowup counted (sampled objects forgotten by the sampler first), before the
  * allocator has the address back and another thread may be handed it. Returns 0 where it had
  * no record, else 2 | large; UNDO and SAMPLE_UNDO (may be NULL) keep what realloc needs to
- * put the record and the sample back if the call fails. The common case, an object whose class the table tells, is counted without
- * a call. */
+ * put the record and the sample back if the call fails. The common case, an object whose
+ * class the table tells, is counted without a call. */
 AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_undo *undo,
                                    struct al_sample_undo *sample_undo)
 {
@@ -1165,7 +1167,6 @@ extern _Atomic int _al_state AL_HIDDEN;
 extern struct al_settings _al_settings AL_HIDDEN;
 
 /* Interposer callbacks, so process.c can resolve symbols without depending on interpose/. */
-
 struct al_process_hooks {
     int (*resolve)(void);              /* looks up the real functions; 0 or negative errno */
     const void *(*malloc_addr)(void);  /* the real malloc */
@@ -1243,6 +1244,22 @@ struct al_object {
     bool dynamic_relocated;        /* the loader wrote addresses over its offsets */
 };
 bool _al_object_of(const void *addr, struct al_object *out);
+/* A library's code, [lo, hi) (empty where unknown): whose code a return address is in tells
+ * whose call it is. */
+struct al_code {
+    uintptr_t lo, hi;
+};
+/* The code segment holding FN, into *C (left as it was where none does). */
+void _al_code_of(const void *fn, struct al_code *c);
+AL_INLINE bool _al_code_holds(const struct al_code *c, const void *pc)
+{
+    return (uintptr_t)pc - c->lo < c->hi - c->lo;
+}
+/* Our own code (process.c sets it at start-up) and libunwind's (sampler.c): our frames are
+ * left out of sampled stacks; a call of read, close, pipe2, open or sigprocmask made from
+ * libunwind's code while the sampler unwinds is libunwind's, one from elsewhere comes from a
+ * signal handler of the program's that interrupted the stack walk, and is the program's. */
+extern struct al_code _al_self_code, _al_unwinder_code AL_HIDDEN;
 /* False only where O's GNU hash table says it defines no symbol NAME (any version): what
  * spares start-up a failed dlsym, each of which formats and allocates an error message (twenty
  * of them, the C++ operators, in a C program under glibc). True where it cannot tell. */

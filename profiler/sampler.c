@@ -58,7 +58,6 @@ static struct {
                            samples has room for half as many */
     uint64_t nsamples;
     _Atomic uint64_t thread_ordinal;
-    uintptr_t self_lo, self_hi;  /* our own code, kept out of the stacks */
     double live_bytes;
     double residency_peak;  /* the peak's size (heap or estimate) when residency was last measured */
     bool residency_pending;
@@ -222,11 +221,7 @@ void _al_sampler_init(const struct al_settings *set, long hwm_kib)
         uint64_t x = _al_tsc() ^ ((uint64_t)getpid() << 32);
         _al_sampler.seed = splitmix(&x) | 1;
     }
-    struct al_object unwinder;
-    if (_al_object_of((const void *)unw_backtrace, &unwinder)) {
-        _al_unwinder_lo = unwinder.seg_lo;
-        _al_unwinder_hi = unwinder.seg_hi;
-    }
+    _al_code_of((const void *)unw_backtrace, &_al_unwinder_code);
     if (!set->sample_rate)
         return;
     s.slot_bits = SLOT_BITS_MIN;
@@ -243,11 +238,6 @@ void _al_sampler_init(const struct al_settings *set, long hwm_kib)
     struct rusage ru;
     if (hwm_kib > 0 && getrusage(RUSAGE_THREAD, &ru) == 0 && ru.ru_maxrss > hwm_kib + 1024)
         s.inherited_kib = ru.ru_maxrss;
-    struct al_object self;
-    if (_al_object_of((const void *)_al_sampler_init, &self)) {
-        s.self_lo = self.seg_lo;
-        s.self_hi = self.seg_hi;
-    }
     _al_sampler.enabled = true;
 }
 
@@ -395,7 +385,7 @@ static unsigned capture(uintptr_t *frames)
      * ones further out (a thread's start, a signal handler's call, a clone child's start)
      * are ours too, which the program's stacks do not have without us. */
     for (int i = 0; i < n && k < AL_SITE_FRAMES; i++)
-        if ((uintptr_t)raw[i] < s.self_lo || (uintptr_t)raw[i] >= s.self_hi)
+        if (!_al_code_holds(&_al_self_code, raw[i]))
             frames[k++] = (uintptr_t)raw[i];
     return k;
 }

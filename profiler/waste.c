@@ -180,12 +180,12 @@ void _al_waste_thread_retire(struct al_thread *t)
     if (!t->cls || !_al_waste.exited)
         return;
     size_t bytes = array_bytes(_al_waste.nslots * sizeof *t->cls), pages = bytes / 4096;
-    unsigned char in[AL_TABLE_PAGES_MAX];
-    /* Where the program's seccomp filter may refuse mincore, every page is read, as before. */
-    if (pages > sizeof in || !_al_seccomp_measures_ok() || mincore(t->cls, bytes, in) != 0)
-        memset(in, 1, sizeof in < pages ? sizeof in : pages);
+    unsigned char in[AL_TABLE_PAGES_MAX]; /* nslots is at most AL_CONFIG_MAX_CLASSES + 2 */
+    /* Where the program's seccomp filter may refuse mincore, every page is read. */
+    if (!_al_seccomp_measures_ok() || mincore(t->cls, bytes, in) != 0)
+        memset(in, 1, pages);
     for (uint32_t s = 0; s < _al_waste.nslots; s++) {
-        if (pages <= sizeof in && !(in[s * sizeof *t->cls / 4096] & 1))
+        if (!(in[s * sizeof *t->cls / 4096] & 1))
             continue; /* never written: all zero */
         for (unsigned k = 0; k < AL_CLS_CREDIT; k++)
             _al_add_nonzero(&_al_waste.exited[s][k], AL_READ(t->cls[s][k]));
@@ -194,16 +194,11 @@ void _al_waste_thread_retire(struct al_thread *t)
             atomic_fetch_add_explicit(&_al_waste.blowup[s], credit, memory_order_relaxed);
     }
     /* Zero again, and no longer resident: each run of resident pages given back. */
-    for (size_t i = 0; i < pages;) {
-        if (pages <= sizeof in && !(in[i] & 1)) {
-            i++;
-            continue;
-        }
-        size_t j = i + 1;
-        while (j < pages && (pages > sizeof in || (in[j] & 1)))
-            j++;
-        madvise((char *)t->cls + i * 4096, (j - i) * 4096, MADV_DONTNEED);
-        i = j;
+    for (size_t i = 0, j; i < pages; i = j + 1) {
+        for (j = i; j < pages && (in[j] & 1); j++)
+            ;
+        if (j > i)
+            madvise((char *)t->cls + i * 4096, (j - i) * 4096, MADV_DONTNEED);
     }
 }
 
@@ -278,7 +273,7 @@ AL_NOINLINE unsigned _al_waste_alloc_slow(struct al_thread *t, struct al_shadow_
     return reused ? AL_REUSE_REUSED : AL_REUSE_NEW;
 }
 
-static void check_footprint(void);
+static void look(void);
 
 AL_NOINLINE unsigned _al_waste_count_free(struct al_thread *t, void *p, const struct al_shadow_object *o,
                                           struct al_waste_undo *undo)
@@ -291,11 +286,7 @@ AL_NOINLINE unsigned _al_waste_count_free(struct al_thread *t, void *p, const st
      * live) sees it. */
     if (large && (t->free_look -= (int64_t)o->requested) < 0) {
         t->free_look = AL_SNAP_FREE_LOOK_BYTES;
-        if (_al_waste.enabled) {
-            int cancel = _al_nocancel_begin();
-            check_footprint();
-            _al_nocancel_end(cancel);
-        }
+        look();
     }
     bool odd;
     int64_t extra, bytes;
@@ -462,14 +453,20 @@ static void check_footprint(void)
     _al_spin_unlock(&snap.lock);
 }
 
-AL_NOINLINE void _al_waste_check(struct al_thread *t)
+/* Inside the program's call: the pagemap's close(2) is a cancellation point. */
+static void look(void)
 {
-    t->snap_countdown = AL_SNAP_CHECK_BYTES;
     if (!_al_waste.enabled)
         return;
     int cancel = _al_nocancel_begin();
     check_footprint();
     _al_nocancel_end(cancel);
+}
+
+AL_NOINLINE void _al_waste_check(struct al_thread *t)
+{
+    t->snap_countdown = AL_SNAP_CHECK_BYTES;
+    look();
 }
 
 void _al_waste_final(void)
