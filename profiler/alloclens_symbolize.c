@@ -6,6 +6,8 @@
  *
  * Input (standard input, read whole before anything is written):
  *   the process's /proc/PID/maps text, ended by an empty line;
+ *   then a line "@BIAS PATH" (BIAS in hex) for each library the process unloaded, whose frames
+ *   were moved to addresses from BIAS up (profiler/unloaded.c): it is read from PATH;
  *   then one return address per line, in hex.
  * Output (standard output): a line per address, in the same order, of five tab-separated
  * fields, empty where unknown: function (demangled; the innermost inlined call's, whose line
@@ -91,7 +93,19 @@ int main(void)
     if (!dwfl || !maps)
         return 1;
     dwfl_report_begin(dwfl);
-    if (dwfl_linux_proc_maps_report(dwfl, maps) != 0 || dwfl_report_end(dwfl, NULL, NULL) != 0)
+    if (dwfl_linux_proc_maps_report(dwfl, maps) != 0)
+        return 1;
+    /* A library that cannot be read any more is left unnamed: its frames are then named by
+     * the process from what it noted. */
+    while (pcs[0] == '@') {
+        char *nl = strchr(pcs, '\n'), *path = strchr(pcs, ' ');
+        if (!nl || !path || path > nl)
+            return 1;
+        *nl = '\0';
+        dwfl_report_elf(dwfl, path + 1, path + 1, -1, strtoull(pcs + 1, NULL, 16), false);
+        pcs = nl + 1;
+    }
+    if (dwfl_report_end(dwfl, NULL, NULL) != 0)
         return 1;
     fclose(maps);
 

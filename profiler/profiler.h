@@ -645,6 +645,7 @@ struct al_symbol {
     int line;
     const char *module;
     uint64_t module_offset;
+    bool unloaded;        /* module is a library the program unloaded, not read again */
 };
 
 /* Before a report names frames: with FULL, every frame of every site is named at once from
@@ -659,6 +660,30 @@ const char *_al_symbols_unavailable(void);
 const char *_al_symbols_source(void);
 /* S's function name, demangled into BUF (CAP bytes) where it is mangled. */
 const char *_al_symbol_function(const struct al_symbol *s, char *buf, size_t cap);
+
+/* ---- unloaded.c: sampled frames in libraries the program unloads -------------------------- */
+
+#define AL_UNLOADED_MAX 1024
+#define AL_UNLOADED_BASE (UINT64_C(1) << 62) /* above every process's addresses */
+#define AL_UNLOADED_SPAN (UINT64_C(1) << 40)
+
+/* A file the program unloaded while sampled frames were in its code: those frames now read
+ * BIAS + their offset from the file's load bias. Its code is [BIAS + LO, BIAS + HI), at file
+ * offset OFFSET. */
+struct al_unloaded {
+    const char *path;
+    uint64_t dev, ino;
+    uintptr_t bias, lo, hi, offset;
+};
+
+/* Around the C library's dlclose: what is loaded before (NULL where no frame can be in it),
+ * then the frames in what was unloaded moved (and BEFORE given back). */
+struct al_objects *_al_unloaded_before(void);
+void _al_unloaded_after(struct al_objects *before);
+unsigned _al_unloaded_count(void);
+const struct al_unloaded *_al_unloaded_file(unsigned k);
+/* The file a moved frame PC is in; NULL for any other address. */
+const struct al_unloaded *_al_unloaded_of(uintptr_t pc);
 
 /* ---- proc.c: the /proc files, read without stdio or allocation ------------------------------ */
 

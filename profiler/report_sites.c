@@ -28,6 +28,8 @@ static void frame_text(char *out, size_t cap, uintptr_t pc)
         snprintf(out, cap, "%s (%s:%d)", fn, s.file, s.line);
     else if (fn)
         snprintf(out, cap, "%s (%s)", fn, mod ? mod : "?");
+    else if (mod && s.unloaded) /* its address then is of no use */
+        snprintf(out, cap, "%s+0x%lx (unloaded)", mod, (unsigned long)s.module_offset);
     else if (mod)
         snprintf(out, cap, "0x%lx (%s+0x%lx)", (unsigned long)pc, mod, (unsigned long)s.module_offset);
     else
@@ -245,23 +247,29 @@ struct maps {
     char buf[16384];
 };
 
-/* The executable file mappings of the process, for pprof's mapping table. */
-static bool add_mapping(const struct al_map *map, void *arg)
+/* A mapping of code from PATH, for pprof's mapping table; whether the table is full. The build
+ * id is read from memory where the file is still loaded there (LOADED), from the file else. */
+static bool add_file(struct maps *mp, uint64_t lo, uint64_t hi, uint64_t offset, const char *path, bool loaded)
 {
-    struct maps *mp = arg;
-    if (map->perms[2] != 'x' || map->path[0] != '/')
-        return false;
     struct al_pprof_mapping *m = &mp->m[mp->n];
-    snprintf(mp->names[mp->n], sizeof mp->names[0], "%s", map->path);
-    m->start = map->lo;
-    m->limit = map->hi;
-    m->offset = map->offset;
+    snprintf(mp->names[mp->n], sizeof mp->names[0], "%s", path);
+    m->start = lo;
+    m->limit = hi;
+    m->offset = offset;
     m->file = mp->names[mp->n];
-    int r = _al_build_id_loaded(map->lo, mp->ids[mp->n], sizeof mp->ids[0]);
-    if (r == -ESRCH) /* a file mapped executable by hand: read from the file */
+    int r = loaded ? _al_build_id_loaded(lo, mp->ids[mp->n], sizeof mp->ids[0]) : -ESRCH;
+    if (r == -ESRCH) /* a file mapped executable by hand, or unloaded: read from the file */
         r = _al_build_id(m->file, mp->ids[mp->n], sizeof mp->ids[0]);
     m->build_id = r == 0 ? mp->ids[mp->n] : NULL;
     return ++mp->n == 256;
+}
+
+/* The executable file mappings of the process. */
+static bool add_mapping(const struct al_map *map, void *arg)
+{
+    if (map->perms[2] != 'x' || map->path[0] != '/')
+        return false;
+    return add_file(arg, map->lo, map->hi, map->offset, map->path, true);
 }
 
 void _al_report_pprof(const char *path, uint64_t runtime_ns)
@@ -279,7 +287,13 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         _al_log("out of memory writing the pprof profile %s", path);
         goto out;
     }
-    _al_maps_each(mp->buf, sizeof mp->buf, add_mapping, mp);
+    /* Then the libraries the program unloaded, where their frames were moved. */
+    if (!_al_maps_each(mp->buf, sizeof mp->buf, add_mapping, mp))
+        for (unsigned u = 0; u < _al_unloaded_count(); u++) {
+            const struct al_unloaded *f = _al_unloaded_file(u);
+            if (add_file(mp, f->bias + f->lo, f->bias + f->hi, f->offset, f->path, false))
+                break;
+        }
     bool took = _al_sampler_lock();
     size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {

@@ -302,6 +302,10 @@ static void make_table(void)
     struct al_buf b = { 0 };
     ok = _al_proc_append("/proc/self/maps", &b);
     _al_buf_putn(&b, "\n", 1);
+    for (unsigned k = 0; k < _al_unloaded_count(); k++) {
+        const struct al_unloaded *u = _al_unloaded_file(k);
+        _al_buf_printf(&b, "@%lx %s\n", (unsigned long)u->bias, u->path);
+    }
     for (size_t i = 0; i < sym.n; i++)
         _al_buf_printf(&b, "%lx\n", (unsigned long)sym.e[i].pc);
     ok = ok && _al_buf_write_fd(&b, in) == 0 && lseek(in, 0, SEEK_SET) == 0;
@@ -368,8 +372,15 @@ void _al_symbolize(uintptr_t pc, struct al_symbol *s)
     memset(s, 0, sizeof *s);
     struct entry key = { .pc = pc };
     const struct entry *e = sym.full && sym.e ? bsearch(&key, sym.e, sym.n, sizeof *sym.e, cmp_pc) : NULL;
-    if (e) {
+    const struct al_unloaded *u = _al_unloaded_of(pc);
+    if (e && (e->s.module || !u)) {
         *s = e->s;
+        return;
+    }
+    if (u) { /* the library is gone, and the helper could not read it */
+        s->module = u->path;
+        s->module_offset = pc - u->bias;
+        s->unloaded = true;
         return;
     }
     Dl_info info;

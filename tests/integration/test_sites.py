@@ -2,7 +2,7 @@
 """Allocation sites: the sampler's estimates are unbiased and spread as theory says, the stacks
 name the program's own functions, pagemap residency, determinism, --mode sample, pprof output.
 
-usage: test_sites.py SITES_STATS SITES_PAGEMAP SITES_COUNTS
+usage: test_sites.py SITES_STATS SITES_PAGEMAP SITES_COUNTS PLUGIN_A PLUGIN_B
        test_sites.py --simulate ROUNDS   (the statistical checks on simulated samplers: how often
                                           each fails when the sampler is right; no alloclens)
 
@@ -757,6 +757,39 @@ def check_inlined(tap, prog, tmp):
            f"inlined: the frame reads {want}", f"{[f for f in frames if 'site_inlined' in f]}")
 
 
+def check_unloaded(tap, prog, plugins, tmp):
+    """A library unloaded before exit, another loaded (most likely where it was): each frame is
+    named after its own library's function, in JSON and pprof (the first was named after the
+    second's, which was mapped at its address at exit); where the unloaded file is gone too,
+    its frames read as its name and offset."""
+    for mode, remove in (("full", False), ("sample", True)):
+        label = f"unloaded library, --mode {mode}" + (", its file deleted" if remove else "")
+        a = os.path.join(tmp, f"unloaded-{mode}-a.so")
+        shutil.copy(plugins[0], a)
+        pprof = os.path.join(tmp, f"unloaded-{mode}.pb.gz")
+        proc, rep, truth, why = run([prog, "--unloaded", a, plugins[1]] + (["--remove"] if remove else []),
+                                    tmp, f"unloaded-{mode}",
+                                    extra=("--mode", mode, "--sample-rate", "1", "--pprof", pprof))
+        if not tap.ok(not why, f"{label}: run completes, sites available", why):
+            continue
+        rows = site_rows(rep)
+        inner = {num(r.get("allocated_bytes")): (r.get("stack") or [""])[0] for r in rows}
+        want_a = (rf"unloaded-{mode}-a\.so\+0x[0-9a-f]+ \(unloaded\)" if remove
+                  else r"site_plugin_a \(.*sites_plugin\.c:\d+\)")
+        tap.ok(re.fullmatch(want_a, inner.get(truth["a"], "")) is not None
+               and re.fullmatch(r"site_plugin_b \(.*sites_plugin\.c:\d+\)", inner.get(truth["b"], "")),
+               f"{label}: the 1 MiB site's frame names the unloaded library's "
+               + ("file and offset" if remove else "function") + ", the 2 MiB site's the library loaded "
+               f"after it (loaded at the same address: {truth['same_place']})",
+               f"{inner.get(truth['a'])!r} / {inner.get(truth['b'])!r}")
+        if shutil.which("go") and not remove:
+            out = subprocess.run(["go", "tool", "pprof", "-raw", pprof], capture_output=True, text=True).stdout
+            maps = [line for line in out.splitlines() if line.rstrip().endswith("[FN][FL][LN]") and a in line]
+            tap.ok(re.search(r" M=\d+ site_plugin_a .*sites_plugin\.c:\d+", out) and len(maps) == 1,
+                   f"{label}: the pprof profile names site_plugin_a, in a mapping of the unloaded file",
+                   out[-1500:])
+
+
 UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
 VALUE = r"(-?[0-9.]+)(B|kB|MB|GB|TB|PB)?"
 
@@ -856,9 +889,10 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--simulate":
         run_simulation(int(sys.argv[2]))
         return
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 6:
         sys.exit(__doc__)
-    stats, pagemap, counts = sys.argv[1:]
+    stats, pagemap, counts = sys.argv[1:4]
+    plugins = sys.argv[4:6]
     tap = altest.Tap()
     tmp = altest.tmpdir()
 
@@ -906,6 +940,7 @@ def main():
     check_many_sites(tap, counts, tmp)
     check_long_name(tap, counts, tmp)
     check_inlined(tap, counts, tmp)
+    check_unloaded(tap, counts, plugins, tmp)
     check_pprof(tap, stats, tmp)
     if not tap.failed:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,15 @@
  *        sites_counts --inlined  one malloc of 1 MiB, live at exit, from a function inlined
  *                                into its caller: the frame names the inlined function with
  *                                its own line. Prints {"line":N}, that line
+ *        sites_counts --unloaded A B [--remove]  loads library A (sites_plugin.c), mallocs
+ *                                1 MiB from its site_plugin_a, unloads it (and with --remove
+ *                                deletes its file), then loads B, most likely in its place,
+ *                                and mallocs 2 MiB from its site_plugin_b; both live at exit.
+ *                                Prints {"a":1048576,"b":2097152,"same_place":true|false}
+ *                                (whether B was loaded where A was)
  */
+#include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,9 +117,31 @@ NOINL static void site_inlined_caller(int *line)
     __asm__ volatile("");
 }
 
+/* The library at PATH loaded, its function FN called for N bytes; the library's load address. */
+static void *plugin_malloc(const char *path, const char *fn, size_t n, void **handle)
+{
+    *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *(*f)(size_t) = *handle ? (void *(*)(size_t))dlsym(*handle, fn) : NULL;
+    Dl_info info;
+    if (!f || !dladdr((void *)f, &info))
+        exit(3);
+    sink = f(n);
+    return info.dli_fbase;
+}
+
 int main(int argc, char **argv)
 {
     unsigned long n, bytes;
+    if (argc > 3 && !strcmp(argv[1], "--unloaded")) {
+        void *ha, *hb;
+        void *a = plugin_malloc(argv[2], "site_plugin_a", 1 << 20, &ha);
+        void *kept = sink;
+        if (dlclose(ha) != 0 || (argc > 4 && !strcmp(argv[4], "--remove") && unlink(argv[2]) != 0))
+            return 4;
+        void *b = plugin_malloc(argv[3], "site_plugin_b", 2 << 20, &hb);
+        printf("{\"a\":%d,\"b\":%d,\"same_place\":%s}\n", 1 << 20, 2 << 20, a == b ? "true" : "false");
+        return kept && sink ? 0 : 1;
+    }
     if (argc > 1 && !strcmp(argv[1], "--inlined")) {
         int line;
         site_inlined_caller(&line);
