@@ -866,15 +866,15 @@ AL_INLINE void _al_waste_take_blowup(int64_t *row, uint32_t slot, int64_t size)
         atomic_fetch_sub_explicit(b, size, memory_order_relaxed);
 }
 
+/* The look it makes due is made by _al_record_alloc, once the object is sampled if it is to be:
+ * the peak a look finds is the sites' too, and the object that made it belongs in it. */
 AL_INLINE void _al_waste_countdown(struct al_thread *t, uint64_t req)
 {
     t->snap_countdown -= (int64_t)req + 16;
-    if (AL_UNLIKELY(t->snap_countdown < 0))
-        _al_waste_check(t);
 }
 
-/* The object a call returned: its record, its class row, blowup, and now and then a look at
- * the footprint. Returns whether the address was returned before. */
+/* The object a call returned: its record, its class row, blowup, and the countdown to the next
+ * look at the footprint. Returns whether the address was returned before. */
 AL_INLINE unsigned _al_waste_alloc(struct al_thread *t, void *p, size_t req, unsigned large, bool maybe_odd)
 {
     uint64_t a = (uint64_t)(uintptr_t)p;
@@ -1062,11 +1062,13 @@ AL_INLINE void _al_waste_countback(struct al_thread *t, uint64_t req)
 }
 
 /* The object at p is about to be freed (or moved by realloc): its record retired, its class
- * row and blowup counted (sampled objects forgotten by the sampler first), before the
- * allocator has the address back and another thread may be handed it. Returns 0 where it had
- * no record, else 2 | large; UNDO and SAMPLE_UNDO (may be NULL) keep what realloc needs to
- * put the record and the sample back if the call fails. The common case, an object whose
- * class the table tells, is counted without a call. */
+ * row and blowup counted, and a sampled object forgotten by the sampler, before the allocator
+ * has the address back and another thread may be handed it. The sampler forgets it last: a
+ * large object's free may first look at the footprint (_al_waste_count_free), and the peak
+ * that look finds is the sites' too, this object in it. Returns 0 where it had no record,
+ * else 2 | large; UNDO and SAMPLE_UNDO (may be NULL) keep what realloc needs to put the record
+ * and the sample back if the call fails. The common case, an object whose class the table
+ * tells, is counted without a call. */
 AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_undo *undo,
                                    struct al_sample_undo *sample_undo)
 {
@@ -1074,27 +1076,27 @@ AL_INLINE unsigned _al_waste_free(struct al_thread *t, void *p, struct al_waste_
     struct al_shadow_region *r = _al_shadow_region_cached(&t->region, a, false);
     if (AL_UNLIKELY(r == NULL))
         return 0;
-    unsigned flags = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED);
+    unsigned flags = __atomic_load_n(&r->granule[AL_SHADOW_GRANULE(a)], __ATOMIC_RELAXED), had = 0;
+    struct al_shadow_object o;
+    if (!(flags & AL_SHADOW_LIVE) || (AL_UNLIKELY(!t->cls) && !_al_waste_thread_rows(t)) ||
+        !_al_shadow_object_end(r, a, (uint8_t)flags, &o)) {
+        /* no record */
+    } else if (AL_UNLIKELY((o.requested >= _al_hot.large_threshold) | o.odd | !_al_waste.has_table)) {
+        had = _al_waste_count_free(t, p, &o, undo);
+    } else {
+        uint32_t slot = _al_class_index(&_al_waste.table, o.requested);
+        int64_t *row = t->cls[slot], bytes = (int64_t)_al_class_size(&_al_waste.table, slot);
+        _al_waste_countback(t, o.requested);
+        AL_BUMP(row[AL_CLS_OBJECTS], -1);
+        AL_BUMP(row[AL_CLS_REQUESTED], -(int64_t)o.requested);
+        _al_waste_raise_blowup(row, slot, bytes);
+        if (undo)
+            *undo = (struct al_waste_undo){ .requested = o.requested, .slot = slot, .bytes = bytes };
+        had = 2;
+    }
     if (AL_UNLIKELY(flags & AL_SHADOW_SAMPLED))
         _al_sample_free(p, sample_undo);
-    if (!(flags & AL_SHADOW_LIVE)) /* no record */
-        return 0;
-    struct al_shadow_object o;
-    if (AL_UNLIKELY(!t->cls) && !_al_waste_thread_rows(t))
-        return 0;
-    if (!_al_shadow_object_end(r, a, (uint8_t)flags, &o))
-        return 0;
-    if (AL_UNLIKELY((o.requested >= _al_hot.large_threshold) | o.odd | !_al_waste.has_table))
-        return _al_waste_count_free(t, p, &o, undo);
-    uint32_t slot = _al_class_index(&_al_waste.table, o.requested);
-    int64_t *row = t->cls[slot], bytes = (int64_t)_al_class_size(&_al_waste.table, slot);
-    _al_waste_countback(t, o.requested);
-    AL_BUMP(row[AL_CLS_OBJECTS], -1);
-    AL_BUMP(row[AL_CLS_REQUESTED], -(int64_t)o.requested);
-    _al_waste_raise_blowup(row, slot, bytes);
-    if (undo)
-        *undo = (struct al_waste_undo){ .requested = o.requested, .slot = slot, .bytes = bytes };
-    return 2;
+    return had;
 }
 
 /* --mode time: whether the address was returned before, and the mark a large object leaves
@@ -1141,6 +1143,8 @@ AL_INLINE void _al_record_alloc(struct al_thread *t, unsigned op, size_t size, u
                     : _al_mark_alloc(t, p, large);
     _al_record_row(t, _al_row_index(op, large, reuse, _al_phase_now()), cycles);
     _al_sample_countdown(t, size, p);
+    if (AL_UNLIKELY(t->snap_countdown < 0))
+        _al_waste_check(t);
     _al_unbusy(t);
 }
 

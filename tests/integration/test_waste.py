@@ -100,6 +100,22 @@ for name in allocs:
                f"waste_frag late under {name}: live bytes at the peak {live} within 1% of the "
                f"program's {truth(proc)['live_peak']} (the blocks written after their allocation)")
 
+    # A block written after its allocation and freed, an earlier large free before it: the peak
+    # is seen before its free, and the sites' peak holds it (it was forgotten by the sampler
+    # before that look, and the site read nothing live at the peak). Every block sampled.
+    proc, rep = run(name, [FRAG, "lastfree"], wd, name=f"frag-lastfree-{name}", extra=("--sample-rate", "4096"))
+    mem = memory(rep)
+    if tap.ok(proc.returncode == 0 and mem.get("available") and (rep.get("sites") or {}).get("available"),
+              f"waste_frag lastfree under {name}: ran", proc.stderr.decode()[-2000:]):
+        want, live = truth(proc)["live_peak"], mem["peak"]["live_requested_bytes"]
+        tap.ok(within(live, want, 0.01),
+               f"waste_frag lastfree under {name}: live bytes at the peak {live} within 1% of the "
+               f"program's {want} (the 3 MiB block, freed after a 200 KiB one)")
+        sites = rep["sites"]
+        tap.ok(sites.get("live_bytes_at_peak", 0) >= want,
+               f"waste_frag lastfree under {name}: the sites' live bytes at the peak hold the 3 MiB block",
+               str(sites.get("live_bytes_at_peak")))
+
     # (b): blowup with a producer and consumers, none with one thread.
     for mode in ("threads", "single"):
         proc, rep = run(name, [BLOWUP, mode], wd, name=f"blowup-{mode}-{name}")

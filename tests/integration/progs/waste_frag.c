@@ -14,6 +14,8 @@
  * waste_frag late: 64 blocks of 1 MiB + 100 bytes from calloc, all written afterwards, then every
  * other one freed: the peak (all 64 live) comes after the allocations' looks at the footprint.
  *   live_peak N       the bytes live at the peak
+ * waste_frag lastfree: a block of 200 KiB written and freed, then one of 3 MiB written and
+ * freed: the second, written after its allocation's look, is the peak. live_peak as above.
  */
 #include <dlfcn.h>
 #include <malloc.h>
@@ -142,6 +144,29 @@ static int late(void)
     return 0;
 }
 
+/* Written for real: a memset right before the free is a dead store the compiler removes. */
+static void write_block(char *p, size_t n, int c)
+{
+    memset(p, c, n);
+    __asm__ volatile("" : : "r"(p) : "memory");
+}
+
+static int lastfree(void)
+{
+    char *small = malloc(200 << 10);
+    if (!small)
+        return 1;
+    write_block(small, 200 << 10, 1);
+    free(small);
+    char *big = malloc(3 << 20);
+    if (!big)
+        return 1;
+    write_block(big, 3 << 20, 2);
+    free(big);
+    printf("live_peak %d\n", 3 << 20);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "aligned") == 0)
@@ -150,6 +175,8 @@ int main(int argc, char **argv)
         return split();
     if (argc > 1 && strcmp(argv[1], "late") == 0)
         return late();
+    if (argc > 1 && strcmp(argv[1], "lastfree") == 0)
+        return lastfree();
     unsigned long long peak = 0, final = 0;
     for (int i = 0; i < N; i++) {
         big[i] = malloc(4100);
