@@ -122,21 +122,29 @@ void _al_report_memory_text(struct al_buf *b, const struct al_report *r)
     _al_buf_printf(b, "\nmemory       heap at the peak (%.3f s) and at exit; %llu snapshots\n",
                    ns_since_start(r, p->tsc) / 1e9, (unsigned long long)w->snapshots);
     _al_buf_puts(b, "                     peak              exit\n");
-    const char *names[5] = { "total", "live", "internal", "blowup", "external" };
-    for (unsigned k = 0; k < 5; k++) {
-        const struct al_waste_snapshot *s[2] = { p, f };
+    /* Live objects on pages the kernel never backed (calloc'ed blocks never written) count in
+     * live but not in the total: shares are then of both, every row under 100%. */
+    const struct al_waste_snapshot *s[2] = { p, f };
+    uint64_t unbacked[2], whole[2];
+    for (unsigned j = 0; j < 2; j++) {
+        unbacked[j] = s[j]->external < 0 ? (uint64_t)-s[j]->external : 0;
+        whole[j] = s[j]->total + unbacked[j];
+    }
+    const char *names[6] = { "total", "live", "internal", "blowup", "external", "unbacked" };
+    unsigned nrows = unbacked[0] || unbacked[1] ? 6 : 5;
+    for (unsigned k = 0; k < nrows; k++) {
         _al_buf_printf(b, "  %-9s", names[k]);
         for (unsigned j = 0; j < 2; j++) {
             uint64_t v = k == 0 ? s[j]->total : k == 1 ? s[j]->live : k == 2 ? s[j]->internal : k == 3 ? s[j]->blowup
-                       : (uint64_t)(s[j]->external > 0 ? s[j]->external : 0);
+                       : k == 4 ? (uint64_t)(s[j]->external > 0 ? s[j]->external : 0) : unbacked[j];
             _al_buf_printf(b, " %9.2f MiB %5.1f%%", (double)v / 1048576.0,
-                           s[j]->total ? 100.0 * (double)v / (double)s[j]->total : 0.0);
+                           whole[j] ? 100.0 * (double)v / (double)whole[j] : 0.0);
         }
         _al_buf_puts(b, "\n");
     }
-    if (p->external < 0)
-        _al_buf_printf(b, "  (%.2f MiB of live objects at the peak were never backed by the kernel)\n",
-                       (double)-p->external / 1048576.0);
+    if (nrows == 6)
+        _al_buf_puts(b, "  (unbacked: live objects' bytes on pages the kernel never backed, never written; "
+                        "shares are of total + unbacked)\n");
     if (p->blowup_uncapped > p->blowup || f->blowup_uncapped > f->blowup)
         _al_buf_printf(b, "  (blowup capped at what the heap holds beyond live and internal: %.2f MiB at the "
                        "peak and %.2f MiB at exit were freed and not yet taken again by their class, "

@@ -4,6 +4,7 @@ every allocator found.
 
 argv: waste_frag waste_blowup waste_large
 """
+import re
 import sys
 
 from altest import Tap, allocators, run, tmpdir
@@ -170,6 +171,13 @@ for name in allocs:
            f"definition's {want} (whole pages, the most ever covered)", str(rows))
     tap.ok(mem["final"]["unbacked_bytes"] > 0,
            f"waste_large under {name}: the untouched three quarters show as live bytes never backed")
+    # The text report's shares are of total + unbacked: live was 300% and more of the total.
+    with open(f"{wd}/large-{name}.txt") as f:
+        text = f.read()
+    shares = [float(x) for x in re.findall(r"MiB +(-?[0-9.]+)%", text.split("memory       heap at")[-1].split("class at peak")[0])]
+    tap.ok(re.search(r"^  unbacked +[0-9.]+ MiB", text, re.M) and shares and max(shares) <= 100.0,
+           f"waste_large under {name}: the text report has an unbacked row and every share is at most 100%",
+           f"shares {shares}")
 
 # --mode sample keeps no object records: the section says so.
 name = next(iter(allocs))
