@@ -183,6 +183,42 @@ void _al_buf_json_str(struct al_buf *b, const char *s)
     _al_buf_putn(b, "\"", 1);
 }
 
+/* Bytes a shell takes as they are, outside quotes. */
+static bool shell_plain(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           strchr("@%+=:,./_-", c) != NULL;
+}
+
+void _al_buf_shell_word(struct al_buf *b, const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    bool plain = n > 0;
+    for (size_t i = 0; i < n && plain; i++)
+        plain = shell_plain(p[i]) || (p[i] >= 0x80 && utf8_len(p + i));
+    if (plain) {
+        _al_buf_putn(b, s, n);
+        return;
+    }
+    _al_buf_putn(b, "$'", 2);
+    for (size_t i = 0; i < n; i++) {
+        size_t u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
+        if (u) {
+            _al_buf_putn(b, s + i, u);
+            i += u - 1;
+        } else if (p[i] == '\\' || p[i] == '\'') {
+            _al_buf_printf(b, "\\%c", p[i]);
+        } else if (p[i] == '\n' || p[i] == '\t') {
+            _al_buf_puts(b, p[i] == '\n' ? "\\n" : "\\t");
+        } else if (p[i] < 0x20 || p[i] >= 0x7f) {
+            _al_buf_printf(b, "\\x%02x", p[i]);
+        } else {
+            _al_buf_putn(b, s + i, 1);
+        }
+    }
+    _al_buf_putn(b, "'", 1);
+}
+
 void _al_buf_free(struct al_buf *b)
 {
     if (b->data)

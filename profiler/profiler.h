@@ -276,6 +276,10 @@ void _al_buf_puts(struct al_buf *b, const char *s);
 void _al_buf_u64_run(struct al_buf *b, uint64_t first, uint64_t step, uint32_t count);
 void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
+/* S (N bytes) as one shell word: as it is where a shell takes it so, else in $'...' with its
+ * control bytes, quotes and invalid UTF-8 escaped (a terminal shows no escape sequence of an
+ * argument's, and each argument reads as one). */
+void _al_buf_shell_word(struct al_buf *b, const char *s, size_t n);
 void _al_buf_free(struct al_buf *b);
 /* log.c: writes all of DATA (LEN bytes) to FD, through short writes and EINTR, never ending
  * the program by SIGPIPE; 0 or a negative errno. */
@@ -903,6 +907,7 @@ struct al_first_call {
     _Atomic int taken;
     unsigned row;
     uint64_t cycles;
+    uint64_t start;  /* the cycle counter when it began */
 };
 
 /* A call's cycles less the cost of measuring them. */
@@ -1304,7 +1309,7 @@ void _al_allocator_load_config(struct al_allocator_info *a, const char *path, bo
 
 struct al_report {
     pid_t pid;
-    char argv[4096];       /* the command line as the image started, NUL-separated */
+    const char *argv;      /* the command line as the image started, NUL-separated */
     size_t argv_len;
     uint64_t runtime_ns;
     bool has_exit_status;
@@ -1318,6 +1323,7 @@ struct al_report {
     struct al_row rows[AL_ROWS];
     uint64_t *hist;        /* AL_ROWS x AL_HIST_BUCKETS */
     bool first_excluded;
+    bool first_in_run;     /* made after the image started (else in its start-up, or a parent's) */
     unsigned first_row;
     uint64_t first_cycles;
     size_t profiler_bytes; /* mapped for the profiler's state (the shadow table: resident) */
@@ -1355,8 +1361,8 @@ enum al_report_kind {
 void _al_report_write(enum al_report_kind kind, bool has_status, int status);
 /* Whether this process has a report to write at its end (not a side process without -o). */
 bool _al_report_planned(void);
-/* The program closes fd 2: in the run's main process, which says on stderr what became of its
- * report (and may write the text report there), a copy of it is kept. */
+/* The program closes fd 2: in a process with a report to write, which says on stderr what
+ * became of it (the run's main one may write the text report there), a copy of it is kept. */
 void _al_report_stderr_closing(void);
 /* Whether this process writes the pprof profile at its end (the run's main one, asked to). */
 bool _al_report_writes_pprof(void);

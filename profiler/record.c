@@ -18,6 +18,7 @@ AL_NOINLINE bool _al_record_first(unsigned row, uint64_t cycles)
         return false;
     _al_first.row = row;
     _al_first.cycles = cycles;
+    _al_first.start = _al_tsc() - cycles;
     return true;
 }
 

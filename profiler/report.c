@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,10 +29,11 @@ const struct al_ending_signal _al_ending_signals[AL_ENDING_SIGNALS] = {
     { SIGABRT, true }, { SIGSEGV, true }, { SIGBUS, true }, { SIGFPE, true }, { SIGILL, true },
 };
 static struct al_clock_pair image_start;
-static char exec_report_path[4096] AL_LARGE_BSS;
-/* The command line as the image started: programs rewrite theirs (redis sets a process title
- * over it), and the report must name what was run. */
-static char cmdline[sizeof(((struct al_report *)0)->argv)];
+static char exec_report_path[PATH_MAX + 64] AL_LARGE_BSS;
+/* The command line as the image started, whole: programs rewrite theirs (redis sets a process
+ * title over it), and the report must name what was run. NUL-terminated arguments, as
+ * /proc/self/cmdline has them. */
+static char *cmdline;
 static size_t cmdline_len;
 
 void _al_report_restart(int argc, char *const argv[])
@@ -41,13 +43,13 @@ void _al_report_restart(int argc, char *const argv[])
     if (!argv)
         return; /* a forked child runs the same command line */
     _al_stderr_note(_al_settings.stderr_id);
-    /* As /proc/self/cmdline has it (NUL-terminated arguments), without opening it; the last
-     * byte stays a NUL, as the writers expect of a long one cut short. */
+    size_t len = 0;
+    for (int i = 0; i < argc && argv[i]; i++)
+        len += strlen(argv[i]) + 1;
+    cmdline = len ? _al_mem_map(len) : NULL;
     cmdline_len = 0;
-    for (int i = 0; i < argc && argv[i] && cmdline_len < sizeof cmdline - 1; i++) {
+    for (int i = 0; cmdline && i < argc && argv[i]; i++) {
         size_t n = strlen(argv[i]) + 1;
-        if (n > sizeof cmdline - 1 - cmdline_len)
-            n = sizeof cmdline - 1 - cmdline_len;
         memcpy(cmdline + cmdline_len, argv[i], n);
         cmdline_len += n;
     }
@@ -55,7 +57,7 @@ void _al_report_restart(int argc, char *const argv[])
 
 static void read_cmdline(struct al_report *r)
 {
-    memcpy(r->argv, cmdline, cmdline_len);
+    r->argv = cmdline ? cmdline : "";
     r->argv_len = cmdline_len;
 }
 
@@ -105,6 +107,7 @@ static void gather(struct al_report *r, enum al_report_kind kind, bool has_statu
         sample_mode_rows(r);
     } else if (atomic_load(&_al_first.taken)) {
         r->first_excluded = true;
+        r->first_in_run = _al_first.start >= image_start.tsc;
         r->first_row = _al_first.row;
         r->first_cycles = _al_first.cycles;
     }
@@ -141,7 +144,9 @@ double _al_report_ns(const struct al_report *r, double cycles)
 
 uint64_t _al_report_alloc_cycles(const struct al_report *r)
 {
-    uint64_t cycles = r->first_excluded ? r->first_cycles : 0;
+    /* The first call is the allocator's: in the run's time only where it was made in the run
+     * (jemalloc's start-up, made before, was 139% of /bin/true's run time). */
+    uint64_t cycles = r->first_excluded && r->first_in_run ? r->first_cycles : 0;
     for (unsigned i = 0; i < AL_ROWS; i++)
         cycles += r->rows[i].cycles;
     return cycles;
@@ -190,10 +195,13 @@ static int open_side_report(const char *output, pid_t pid, char *path, size_t ca
         len -= 5;
     }
     for (int n = 0; n < 1000; n++) {
-        if (n == 0)
+        int w = n == 0 ? snprintf(path, cap, "%.*s.%d%s", (int)len, output, (int)pid, ext)
+                       : snprintf(path, cap, "%.*s.%d.%d%s", (int)len, output, (int)pid, n, ext);
+        if (w < 0 || (size_t)w >= cap) { /* a name cut short would be another file's */
             snprintf(path, cap, "%.*s.%d%s", (int)len, output, (int)pid, ext);
-        else
-            snprintf(path, cap, "%.*s.%d.%d%s", (int)len, output, (int)pid, n, ext);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
         int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd >= 0 || errno != EEXIST)
             return fd;
@@ -201,11 +209,54 @@ static int open_side_report(const char *output, pid_t pid, char *path, size_t ca
     return -1;
 }
 
+/* Whether FD is open on the same file as ST (by device and inode). */
+static bool same_file(int fd, const struct stat *st)
+{
+    struct stat o;
+    return fd >= 0 && fstat(fd, &o) == 0 && o.st_dev == st->st_dev && o.st_ino == st->st_ino;
+}
+
+/* PATH opened for a report, and how: *FRESH where it is a regular file of its own, emptied
+ * (a failed write may remove it). A file that is one of the program's standard streams
+ * (--text /dev/stderr, -o /dev/stdout on a log file) is written through the program's own
+ * descriptor, where the program writes next, never emptied nor removed: what its stdio still
+ * holds at exit then follows the report instead of overwriting it. A FIFO with no reader is an
+ * error (ENXIO) rather than a wait, with the ending signals blocked, that nothing but SIGKILL
+ * ends. -1 with errno. */
+static int open_report(const char *path, bool *fresh)
+{
+    *fresh = false;
+    /* No controlling terminal taken, where PATH is one and this a session leader. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOCTTY | O_CLOEXEC | O_NONBLOCK, 0644);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        return fd;
+    if (S_ISREG(st.st_mode)) {
+        const int streams[] = { STDOUT_FILENO, STDERR_FILENO, _al_stderr_fd() };
+        for (unsigned i = 0; i < 3; i++)
+            if (streams[i] != fd && same_file(streams[i], &st) &&
+                (fcntl(streams[i], F_GETFL) & O_ACCMODE) != O_RDONLY) {
+                close(fd);
+                return fcntl(streams[i], F_DUPFD_CLOEXEC, 3);
+            }
+        *fresh = ftruncate(fd, 0) == 0;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 /* The text MAKE writes for R, to FD as it is made (-1: its open failed, errno says why). FD is
  * ours where OWN: closed after, and a failure told naming PATH (stderr full or gone leaves
- * nowhere to say so). ENDING: the buffer is kept, as write_report says. */
-static void write_to(int fd, const char *path, bool own, void (*make)(struct al_buf *, const struct al_report *),
-                     const struct al_report *r, bool ending)
+ * nowhere to say so). FRESH: FD is a regular file of its own at PATH, to be removed if the
+ * report is cut short. ENDING: the buffer is kept, as write_report says. */
+static void write_to(int fd, const char *path, bool own, bool fresh,
+                     void (*make)(struct al_buf *, const struct al_report *), const struct al_report *r, bool ending)
 {
     int e = fd < 0 ? -errno : 0;
     if (fd >= 0) {
@@ -219,13 +270,18 @@ static void write_to(int fd, const char *path, bool own, void (*make)(struct al_
     if (!own)
         return;
     /* A report cut short (a full disk, the program's file size limit) is not left to be read
-     * as a whole one: a file we made is removed, and the line says so. */
+     * as a whole one: its file is removed, and the line says so; only where PATH is still that
+     * file itself (not a link to it, which would be what is removed). */
     struct stat st;
-    bool cut = e < 0 && fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0;
+    bool cut = e < 0 && fresh && lstat(path, &st) == 0 && S_ISREG(st.st_mode) && same_file(fd, &st) &&
+               unlink(path) == 0;
     if (fd >= 0)
         close(fd);
+    /* A path of thousands of bytes would push the reason out of the line: its end is shown. */
+    size_t len = strlen(path);
     if (e < 0)
-        _al_log("cannot write the report to %s: %s%s", path, strerror(-e), cut ? " (the part written is removed)" : "");
+        _al_log("cannot write the report to %s%s: %s%s", len > 400 ? "..." : "", len > 400 ? path + len - 400 : path,
+                e == -ENXIO ? "a FIFO with no reader" : strerror(-e), cut ? " (the part written is removed)" : "");
 }
 
 struct write_args {
@@ -276,30 +332,34 @@ static void write_report(struct write_args *w)
         _al_symbols_begin(main_image);
 
     if (_al_settings.output) {
-        char path[4096];
+        static char path[PATH_MAX + 64] AL_LARGE_BSS;
         int fd;
-        bool made = false;
+        bool made = false, fresh;
         if (main_image) {
             snprintf(path, sizeof path, "%s", _al_settings.output);
-            /* No controlling terminal taken, where OUTPUT is one and this a session leader. */
-            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);
+            fd = open_report(path, &fresh);
         } else {
             fd = open_side_report(_al_settings.output, r->pid, path, sizeof path, &made);
+            fresh = made;
         }
-        write_to(fd, path, true, _al_report_json, r, ending);
+        write_to(fd, path, true, fresh, _al_report_json, r, ending);
         if (kind == AL_REPORT_EXEC && fd >= 0 && made)
             snprintf(exec_report_path, sizeof exec_report_path, "%s", path);
     }
     if (main_image && _al_settings.pprof)
         _al_report_pprof(_al_settings.pprof, r->runtime_ns);
     if (main_image && _al_settings.text) {
-        if (strcmp(_al_settings.text, "-") == 0) {
+        /* The program's stderr by any name is the one the run began with, kept (log.c): the
+         * program may have closed its fd 2 by now. */
+        const char *t = _al_settings.text;
+        if (!strcmp(t, "-") || !strcmp(t, "/dev/stderr") || !strcmp(t, "/dev/fd/2") || !strcmp(t, "/proc/self/fd/2")) {
             int fd = _al_stderr_fd();
             if (fd >= 0)
-                write_to(fd, "stderr", false, _al_report_text, r, ending);
+                write_to(fd, "stderr", false, false, _al_report_text, r, ending);
         } else {
-            int fd = open(_al_settings.text, O_WRONLY | O_CREAT | O_TRUNC | O_NOCTTY | O_CLOEXEC, 0644);
-            write_to(fd, _al_settings.text, true, _al_report_text, r, ending);
+            bool fresh;
+            int fd = open_report(_al_settings.text, &fresh);
+            write_to(fd, _al_settings.text, true, fresh, _al_report_text, r, ending);
         }
     }
 out:
@@ -343,7 +403,7 @@ bool _al_report_planned(void)
 
 void _al_report_stderr_closing(void)
 {
-    if (main_at_end(AL_REPORT_EXIT) && planned(AL_REPORT_EXIT) && _al_stderr_copy_due())
+    if (planned(AL_REPORT_EXIT) && _al_stderr_copy_due())
         _al_stderr_keep(_al_fd_high(fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3)));
 }
 

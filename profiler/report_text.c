@@ -27,14 +27,16 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     char head[64];
     size_t shown = (size_t)snprintf(head, sizeof head, "\n== alloclens report, pid %d:", (int)r->pid);
     _al_buf_puts(b, head);
-    /* The line cut after about 4000 bytes of arguments (counted here: B may be streamed). */
-    for (size_t i = 0, n; i < r->argv_len && shown <= 4000; i += n + 1) {
+    /* The line cut after about 4000 bytes of arguments (counted here: B may be streamed), and
+     * said to be; the JSON has them all. */
+    size_t i = 0, n;
+    for (; i < r->argv_len && shown <= 4000; i += n + 1) {
         n = strnlen(r->argv + i, r->argv_len - i);
         _al_buf_puts(b, " ");
-        _al_buf_putn(b, r->argv + i, n);
+        _al_buf_shell_word(b, r->argv + i, n);
         shown += 1 + n;
     }
-    _al_buf_puts(b, "\n");
+    _al_buf_puts(b, i < r->argv_len ? " ... (cut)\n" : "\n");
     const struct al_allocator_info *a = &r->allocator;
     _al_buf_printf(b, "allocator    %s%s%s (%s)\n", a->name, a->version[0] ? " " : "", a->version, a->path);
     if (a->requested[0])
