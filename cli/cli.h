@@ -46,8 +46,18 @@ const char *_al_cli_text(struct json_object *v);
 size_t _al_cli_len(struct json_object *array);
 bool _al_cli_available(struct json_object *section);
 void _al_cli_bytes(char *out, size_t cap, double v);
-/* The JSON in the file PATH, or NULL with why not in ERR (CAP bytes). */
+/* The JSON in the file PATH ('-': stdin), read strictly (RFC 8259: nothing before or after
+ * the value, no comments, NaN or single quotes), or NULL with why not in ERR (CAP bytes). */
 struct json_object *_al_cli_read_json(const char *path, char *err, size_t cap);
+/* The schema profiler/report_json.c writes (docs/report-schema.md): the one a report must name. */
+#define AL_REPORT_SCHEMA "alloclens-report/1"
+/* _al_cli_read_json, for a JSON object whose "schema" is AL_REPORT_SCHEMA. */
+struct json_object *_al_cli_read_report(const char *path, char *err, size_t cap);
+
+/* json_strict.c: the offset of the first thing in TEXT (N bytes) that strict JSON forbids and
+ * json-c's strict mode takes (NaN, a single quote, a control character in a string...), with
+ * what it is in WHAT (CAP bytes); N when there is none. */
+size_t _al_cli_json_unstrict(const char *text, size_t n, char *what, size_t cap);
 
 /* prerun.c */
 int _al_cli_cmd_prerun(int argc, char **argv);

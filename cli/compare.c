@@ -117,7 +117,7 @@ static void take_version(struct compared *c, json_object *r)
 static bool read_report(const char *path, struct compared *c, double m[M_N], char *why, size_t cap)
 {
     char e[256];
-    json_object *r = _al_cli_read_json(path, e, sizeof e);
+    json_object *r = _al_cli_read_report(path, e, sizeof e);
     if (!r) {
         snprintf(why, cap, "no readable report (%s)", e);
         return false;

@@ -391,8 +391,10 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: alloclens report REPORT.json [--html OUT.html]\n"
                "\n"
-               "Renders a report that 'alloclens run -o' saved: as text on stdout, or with --html\n"
-               "as one self-contained HTML page (OUT.html, or '-' for stdout).\n");
+               "Renders a report that 'alloclens run -o' saved (REPORT.json, or '-' for stdin): as\n"
+               "text on stdout, or with --html as one self-contained HTML page (OUT.html, or '-' for\n"
+               "stdout). The report must be strict JSON with the schema this version writes\n"
+               "(\"" AL_REPORT_SCHEMA "\").\n");
 }
 
 int _al_cli_cmd_report(int argc, char **argv)
@@ -409,7 +411,7 @@ int _al_cli_cmd_report(int argc, char **argv)
                 return 2;
             }
             html = argv[++i];
-        } else if (argv[i][0] == '-' && argv[i][1]) {
+        } else if (argv[i][0] == '-' && argv[i][1]) { /* '-' alone is stdin */
             fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens report --help')\n", argv[i]);
             return 2;
         } else if (in) {
@@ -423,16 +425,17 @@ int _al_cli_cmd_report(int argc, char **argv)
         fprintf(stderr, "alloclens: no report given (usage: alloclens report REPORT.json [--html OUT.html])\n");
         return 2;
     }
-    char e[256] = "not an alloclens report";
-    json_object *r = _al_cli_read_json(in, e, sizeof e);
-    if (!r || json_object_get_type(r) != json_type_object || !_al_cli_get(r, "ops")) {
-        fprintf(stderr, "alloclens: cannot read %s: %s\n", in, e);
-        json_object_put(r);
+    char e[256];
+    bool from_stdin = !strcmp(in, "-");
+    json_object *r = _al_cli_read_report(in, e, sizeof e);
+    if (!r) {
+        fprintf(stderr, "alloclens: cannot read %s: %s\n", from_stdin ? "the report on stdin" : in, e);
         return 2;
     }
     struct out o = { .f = stdout, .html = html != NULL };
     struct stat si, so;
-    if (html && strcmp(html, "-") && stat(in, &si) == 0 && stat(html, &so) == 0 &&
+    if (html && strcmp(html, "-") && (from_stdin ? fstat(STDIN_FILENO, &si) : stat(in, &si)) == 0 &&
+        stat(html, &so) == 0 &&
         si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
         fprintf(stderr, "alloclens: --html %s is the report being read: it would be overwritten\n", html);
         json_object_put(r);

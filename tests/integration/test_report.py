@@ -7,8 +7,9 @@ A report of EXACT_COUNTS under alloclens (full mode) is rendered both ways: ever
 JSON ops table must be in the text and in the HTML page's ops table with its exact count; every
 section is there (or says it is unavailable, with the report's reason, as memory waste does in
 --mode time); the program's arguments are escaped in the HTML; bad input (no file, not JSON, not
-a report, an unwritable --html path, the report itself as --html, wrong arguments) gets one line
-on stderr and status 2; a failed write one line with its reason and status 1; fields of other
+a report, a report of another schema, JSON that only a lenient parser takes, an unwritable --html
+path, the report itself as --html, wrong arguments) gets one line on stderr and status 2 (the
+place of a JSON error as its offset in the file); '-' reads the report from stdin; a failed write one line with its reason and status 1; fields of other
 shapes than the schema's are rendered as they are, never a crash.
 Every field of the full-mode report is documented in docs/report-schema.md.
 """
@@ -225,6 +226,56 @@ def main():
                f"status {p.returncode}\nstderr:\n{p.stderr}")
     with open(path) as f:
         tap.ok(json.load(f) == rep, "the report named by --html too is left as it was", "changed")
+
+    # Only a report of this schema, read as strict JSON, is rendered: anything else is one line
+    # naming the file and what was found in it, status 2.
+    with open(path) as f:
+        text = f.read().rstrip()
+    body = text[:-1].rstrip()  # the report without its closing brace, to append fields to
+    cases = {
+        "no_schema.json": ('{"ops": 5}', r'no_schema\.json: not an alloclens report: it has no "schema" field'),
+        "v99.json": ('{"schema": "alloclens-report/99", "ops": []}',
+                     r'v99\.json: not an alloclens report of this version: its schema is "alloclens-report/99", '
+                     r'this version reads "alloclens-report/1"$'),
+        "array.json": ('[1, 2]', r'array\.json: not an alloclens report: the JSON is not an object$'),
+        "garbage_after.json": (text + "\nGARBAGE {",
+                               rf"garbage_after\.json: not JSON: 'GARBAGE' is not a JSON value at byte {len(text) + 1}$"),
+        "brace_after.json": (text + " }", rf"brace_after\.json: not JSON: .* at byte {len(text) + 1}$"),
+        "single_quote.json": (body + ", 'x': 1}", rf"single_quote\.json: not JSON: a single quote .* at byte {len(body) + 2}$"),
+        "nan.json": (body + ', "x": NaN}', rf"nan\.json: not JSON: 'NaN' is not a JSON value at byte {len(body) + 7}$"),
+        "infinity.json": (body + ', "x": -Infinity}', rf"infinity\.json: not JSON: '-Infinity' is not a JSON value at byte {len(body) + 7}$"),
+        "comment.json": (body + ', /* c */ "x": 1}', rf"comment\.json: not JSON: .* at byte {len(body) + 2}$"),
+        "trailing_comma.json": (body + ",}", rf"trailing_comma\.json: not JSON: .* at byte {len(body) + 1}$"),
+        # An error past json-c's 64 KiB chunks is placed in the file, not in its last chunk.
+        "late_error.json": (body + ', "pad": "' + "x" * 300000 + '", "x": tru}',
+                            rf"late_error\.json: not JSON: .* at byte {len(body) + 300018}$"),
+    }
+    for name, (content, pattern) in cases.items():
+        bad = os.path.join(tmp, name)
+        with open(bad, "w") as f:
+            f.write(content)
+        p = report([bad], tmp)
+        err = p.stderr.strip().splitlines()
+        tap.ok(p.returncode == 2 and len(err) == 1 and re.search("^alloclens: cannot read .*" + pattern, err[0])
+               and not p.stdout, f"report {name}: one line saying what is wrong and where, status 2",
+               f"status {p.returncode}, want /{pattern}/\nstderr:\n{p.stderr}")
+    # Whitespace after the report is no error; '-' reads the report from stdin.
+    spaced = os.path.join(tmp, "spaced.json")
+    with open(spaced, "w") as f:
+        f.write(text + "\n \t\r\n")
+    want_text = report([path], tmp).stdout
+    p = report([spaced], tmp)
+    tap.ok(p.returncode == 0 and not p.stderr and p.stdout == want_text,
+           "report: whitespace after the JSON is no error", f"status {p.returncode}\nstderr:\n{p.stderr}")
+    with open(path) as f:
+        p = subprocess.run([altest.cli(), "report", "-"], stdin=f, capture_output=True, text=True, cwd=tmp, timeout=60)
+    tap.ok(p.returncode == 0 and not p.stderr and p.stdout == want_text,
+           "report -: the report read from stdin, rendered as from the file", f"status {p.returncode}\nstderr:\n{p.stderr}")
+    p = subprocess.run([altest.cli(), "report", "-"], input='{"schema": 1}', capture_output=True, text=True,
+                       cwd=tmp, timeout=60)
+    tap.ok(p.returncode == 2 and p.stderr == "alloclens: cannot read the report on stdin: not an alloclens report "
+           'of this version: its schema is 1, this version reads "alloclens-report/1"\n',
+           "report - with a bad report: one line naming stdin, status 2", f"status {p.returncode}\nstderr:\n{p.stderr}")
     # A failed write says why, status 1.
     if os.path.exists("/dev/full"):
         p = report([path, "--html", "/dev/full"], tmp)
