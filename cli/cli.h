@@ -71,6 +71,10 @@ int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, 
 /* Whether PATH (SHOWN in the message) can be written: 0, or one line naming WHAT ("the
  * report") and -1. A file it had to create is removed again. */
 int _al_cli_check_writable(const char *path, const char *shown, const char *what);
+/* 0, or one line and -1 where the VALUE that follows option OPT is "--" or, by IS_OPTION, one
+ * of the command's own options: OPT's value was left out, and taking the next word for it
+ * would write a file named '--' or run the value of the option after. */
+int _al_cli_value_given(const char *opt, const char *value, bool is_option);
 /* 0 when MODE names a mode (full, time, sample), else -1 after one line saying it does not. */
 int _al_cli_check_mode(const char *mode);
 

@@ -555,6 +555,17 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
     return missing ? 1 : 0;
 }
 
+/* Where the value of compare's option A goes; NULL when A is none of them. */
+static const char **compare_option(const char *a, const char **list, const char **output, const char **mode,
+                                   const char **runs)
+{
+    return !strcmp(a, "-a") || !strcmp(a, "--allocators") ? list
+           : !strcmp(a, "-o") || !strcmp(a, "--output")   ? output
+           : !strcmp(a, "--mode")                         ? mode
+           : !strcmp(a, "-n") || !strcmp(a, "--runs")     ? runs
+                                                          : NULL;
+}
+
 int _al_cli_cmd_compare(int argc, char **argv)
 {
     const char *list = NULL, *output = NULL, *mode = NULL, *runs_text = NULL;
@@ -571,11 +582,7 @@ int _al_cli_cmd_compare(int argc, char **argv)
         }
         if (a[0] != '-')
             break;
-        const char **value = !strcmp(a, "-a") || !strcmp(a, "--allocators") ? &list
-                             : !strcmp(a, "-o") || !strcmp(a, "--output")   ? &output
-                             : !strcmp(a, "--mode")                         ? &mode
-                             : !strcmp(a, "-n") || !strcmp(a, "--runs")     ? &runs_text
-                                                                            : NULL;
+        const char **value = compare_option(a, &list, &output, &mode, &runs_text);
         if (!value) {
             fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens compare --help')\n", a);
             return 2;
@@ -584,7 +591,11 @@ int _al_cli_cmd_compare(int argc, char **argv)
             fprintf(stderr, "alloclens: option '%s' needs a value\n", a);
             return 2;
         }
-        *value = argv[++i];
+        const char *v = argv[++i];
+        if (_al_cli_value_given(a, v, !strcmp(v, "-h") || !strcmp(v, "--help") ||
+                                          compare_option(v, &list, &output, &mode, &runs_text)) < 0)
+            return 2;
+        *value = v;
     }
     if (mode && _al_cli_check_mode(mode) < 0)
         return 2;

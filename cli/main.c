@@ -68,6 +68,17 @@ int _al_cli_sibling(const char *build_rel, const char *install_name, char *out, 
     return access(out, R_OK) == 0 ? 0 : -1;
 }
 
+int _al_cli_value_given(const char *opt, const char *value, bool is_option)
+{
+    if (!strcmp(value, "--"))
+        fprintf(stderr, "alloclens: option '%s' needs a value; got '--', which ends the options\n", opt);
+    else if (is_option)
+        fprintf(stderr, "alloclens: option '%s' needs a value; got the option '%s'\n", opt, value);
+    else
+        return 0;
+    return -1;
+}
+
 int _al_cli_check_mode(const char *mode)
 {
     if (_al_mode_parse(mode) >= 0)

@@ -218,6 +218,38 @@ static int same_report_paths(void)
     return 0;
 }
 
+/* Which of run's options A is: the allocator's (*IS_ALLOC) or a row of the options table (*O),
+ * with its value where A carries it after '=' (*VALUE); false for none of them. */
+static bool run_option(const char *a, bool *is_alloc, const struct al_option **o, const char **value)
+{
+    *is_alloc = false;
+    *o = NULL;
+    *value = NULL;
+    if (!strcmp(a, "-a") || !strcmp(a, "--allocator")) {
+        *is_alloc = true;
+    } else if (!strncmp(a, "--allocator=", 12)) {
+        *is_alloc = true;
+        *value = a + 12;
+    } else if (!strcmp(a, "-o")) {
+        *o = &_al_options[AL_OPT_OUTPUT];
+    } else if (a[0] == '-' && a[1] == '-') {
+        const char *eq = strchr(a + 2, '=');
+        size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+        *o = find_option(a + 2, len);
+        if (eq)
+            *value = eq + 1;
+    }
+    return *is_alloc || *o;
+}
+
+static bool is_run_option(const char *a)
+{
+    bool is_alloc;
+    const struct al_option *o;
+    const char *value;
+    return !strcmp(a, "-h") || !strcmp(a, "--help") || run_option(a, &is_alloc, &o, &value);
+}
+
 int _al_cli_cmd_run(int argc, char **argv)
 {
     const char *alloc_arg = "glibc";
@@ -234,24 +266,10 @@ int _al_cli_cmd_run(int argc, char **argv)
         }
         if (a[0] != '-')
             break;
-        const char *value = NULL;
-        const struct al_option *o = NULL;
-        bool is_alloc = false;
-        if (!strcmp(a, "-a") || !strcmp(a, "--allocator")) {
-            is_alloc = true;
-        } else if (!strncmp(a, "--allocator=", 12)) {
-            is_alloc = true;
-            value = a + 12;
-        } else if (!strcmp(a, "-o")) {
-            o = &_al_options[AL_OPT_OUTPUT];
-        } else if (a[1] == '-') {
-            const char *eq = strchr(a + 2, '=');
-            size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-            o = find_option(a + 2, len);
-            if (eq)
-                value = eq + 1;
-        }
-        if (!o && !is_alloc) {
+        const char *value;
+        const struct al_option *o;
+        bool is_alloc;
+        if (!run_option(a, &is_alloc, &o, &value)) {
             fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens run --help')\n", a);
             return 2;
         }
@@ -261,6 +279,8 @@ int _al_cli_cmd_run(int argc, char **argv)
                 return 2;
             }
             value = argv[++i];
+            if (_al_cli_value_given(a, value, is_run_option(value)) < 0)
+                return 2;
         }
         if (is_alloc)
             alloc_arg = value;

@@ -550,6 +550,35 @@ def test_cli_usage(tap):
                f"missing {missing}\n{show(p)}")
 
 
+def exact_line(tap, desc, p, line, status):
+    """p finished with STATUS and stderr is exactly LINE."""
+    tap.ok(p is not None and p.returncode == status and p.stderr == line + "\n",
+           f"{desc}: exit status {status}, stderr exactly {line!r}", show(p))
+
+
+def test_option_values(tap):
+    """An option whose value was left out, so that the word after it is '--' or another option
+    of the command: one line saying so, status 2, nothing run and no file made under that
+    word's name (run -o -- wrote its report to a file named '--')."""
+    cli = altest.cli()
+    tmp = tmpdir()
+    marker = os.path.join(tmp, "ran")
+    touch = ["sh", "-c", f"touch {marker}"]
+    for argv, line in (
+            (["run", "-o", "--", *touch], "option '-o' needs a value; got '--', which ends the options"),
+            (["run", "-o", "--text", "off", "--", *touch], "option '-o' needs a value; got the option '--text'"),
+            (["run", "--text", "--mode=time", "--", *touch], "option '--text' needs a value; got the option '--mode=time'"),
+            (["run", "-a", "-o", "r.json", "--", *touch], "option '-a' needs a value; got the option '-o'"),
+            (["run", "--seed", "--help", "--", *touch], "option '--seed' needs a value; got the option '--help'"),
+            (["compare", "-o", "--", *touch], "option '-o' needs a value; got '--', which ends the options"),
+            (["compare", "-a", "-n", "1", "--", *touch], "option '-a' needs a value; got the option '-n'"),
+            (["compare", "--mode", "--runs", "1", "--", *touch], "option '--mode' needs a value; got the option '--runs'")):
+        p = run([cli, *argv], cwd=tmp)
+        exact_line(tap, " ".join(argv[:4]), p, "alloclens: " + line, 2)
+    tap.ok(sorted(os.listdir(tmp)) == [], "an option's value left out: nothing run, no file made",
+           f"{os.listdir(tmp)}")
+
+
 def unchanged(tap, desc, argv, out, status, text_off=True):
     """ARGV run plain and under `alloclens run -o OUT` (--text off unless TEXT_OFF is False):
     the same stdout, and exit STATUS both times (DESC says so). Returns the profiled run."""
@@ -867,6 +896,7 @@ def main():
     test_file_size_limit(tap)
     test_allocators(tap)
     test_cli_usage(tap)
+    test_option_values(tap)
     test_own_malloc(tap)
     test_go_program(tap)
     test_static_program(tap)
