@@ -89,8 +89,9 @@ static void usage(FILE *f)
             "  -h, --help              this text\n"
             "\n"
             "Exit status: 0 when every run wrote its report, 1 when some did not (they are left\n"
-            "out of the table and named on stderr), 2 for bad arguments. A run whose command\n"
-            "ends with another status than 0 is named on stderr, its figures kept.\n"
+            "out of the table and named on stderr), 2 for bad arguments, 127 when CMD is not\n"
+            "found and 126 when it cannot be run (compare stops at the first such run). A run\n"
+            "whose command ends with another status than 0 is named on stderr, its figures kept.\n"
             "\n"
             "SIGINT, SIGTERM, SIGHUP or SIGQUIT stops it: no further run starts, the run in\n"
             "progress ends (SIGTERM is passed on to it), the temporary directory ($TMPDIR or /tmp)\n"
@@ -310,6 +311,16 @@ static int run_once(const char *self, const struct compared *c, const char *mode
     return status;
 }
 
+/* Whether the run that ended with STATUS found CMD missing (127) or not executable (126), as
+ * 'alloclens run' exits then, having said so on its line: it then wrote no report to PATH
+ * (CMD exiting 126 or 127 itself writes one). No later run would fare better, so compare ends
+ * there with that status, as a shell does. */
+static bool cannot_run(int status, const char *path)
+{
+    return WIFEXITED(status) && (WEXITSTATUS(status) == 126 || WEXITSTATUS(status) == 127) &&
+           access(path, F_OK) != 0;
+}
+
 static void describe_status(int status, char *out, size_t cap)
 {
     if (status < 0)
@@ -501,9 +512,9 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
         else
             snprintf(cs[k].label, sizeof cs[k].label, "%s", cs[k].alloc.name);
     }
-    int missing = 0;
+    int missing = 0, cannot_run_status = 0;
     /* Turns: A B C, then C B A, ... so that drift on the machine hits every allocator alike. */
-    for (int r = 0; r < runs && !stop_signal; r++) {
+    for (int r = 0; r < runs && !stop_signal && !cannot_run_status; r++) {
         for (int j = 0; j < n && !stop_signal; j++) {
             struct compared *c = &cs[r % 2 ? n - 1 - j : j];
             char path[PATH_MAX + 32], why[320];
@@ -515,6 +526,10 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
             int status = run_once(self, c, mode, cmd, path, show_reports);
             if (stop_signal) {
                 unlink(path);
+                break;
+            }
+            if (cannot_run(status, path)) {
+                cannot_run_status = WEXITSTATUS(status);
                 break;
             }
             if (read_report(path, c, c->run[c->nruns], why, sizeof why)) {
@@ -542,6 +557,8 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
         raise(sig);
         return 128 + sig; /* not reached */
     }
+    if (cannot_run_status)
+        return cannot_run_status;
     for (int k = 0; k < n; k++) {
         cs[k].failed = cs[k].nruns == 0;
         summarize(&cs[k]);

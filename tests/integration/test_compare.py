@@ -8,7 +8,8 @@ given allocator, so the comparison's call count for each allocator must equal, e
 total of the ops table of a plain `alloclens run` of the same command, in every run; each
 median must be the median of that allocator's runs; the table and the "switching from" lines
 must show every allocator. Also: CMD's stdin is /dev/null (a command reading it ends), a run
-that writes no report is named on stderr and gives exit status 1, and bad arguments get one
+that writes no report is named on stderr and gives exit status 1, a command that cannot run
+stops it at once with the status a shell gives (126, 127), and bad arguments get one
 line on stderr and exit status 2 before anything runs; SIGINT or SIGTERM stops it cleanly
 (no run after, the temporary directory removed, ended by the signal). `alloclens demo` prints a report per
 allocator found and the same table. `alloclens allocators` gives each allocator but glibc the
@@ -144,6 +145,26 @@ def main():
     p = compare(["-a", names[0], "-n", "1", "--", "sh", "-c", "kill -9 $$"], tmp, timeout=60)
     tap.ok(p.returncode == 1 and "left out" in p.stderr and names[0] in p.stderr,
            "a run without a report: exit status 1, named on stderr",
+           f"status {p.returncode}\nstderr:\n{p.stderr[-800:]}")
+
+    # A command that cannot run: compare stops at the first run, with the line that run gave and
+    # the status a shell gives (127 not found, 126 not executable), no table; its temporary
+    # directory is removed. A command that exits 127 itself is run and measured.
+    notexec = os.path.join(tmp, "not-executable")
+    with open(notexec, "w") as f:
+        f.write("#!/bin/sh\n")
+    for command, status, why in (("/nonexistent/cmd", 127, os.strerror(2)), (notexec, 126, os.strerror(13))):
+        tmpdir = os.path.join(tmp, f"tmpdir-{status}")
+        os.mkdir(tmpdir)
+        p = subprocess.run([altest.cli(), "compare", "-a", ",".join(names), "-n", "3", "--", command],
+                           capture_output=True, text=True, cwd=tmp, timeout=60, env=dict(os.environ, TMPDIR=tmpdir))
+        want = f"alloclens: cannot run {command}: {why}\n"
+        tap.ok(p.returncode == status and p.stderr == want and not p.stdout and not os.listdir(tmpdir),
+               f"compare -- a command that cannot run ({status}): stops at once, one line, status {status}",
+               f"status {p.returncode}, want stderr {want!r}\nstderr:\n{p.stderr[-800:]}\nstdout:\n{p.stdout[-300:]}")
+    p = compare(["-a", names[0], "-n", "1", "--", "sh", "-c", "exit 127"], tmp, timeout=60)
+    tap.ok(p.returncode == 0 and "the command ended with exit status 127" in p.stderr and "calls" in p.stdout,
+           "compare -- a command exiting 127 itself: measured, its status named",
            f"status {p.returncode}\nstderr:\n{p.stderr[-800:]}")
 
     # Stopped by a signal: SIGTERM to compare alone is passed on to the run in progress,
