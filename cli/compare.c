@@ -471,18 +471,37 @@ static int parse_allocators(const char *list, struct compared *cs, int cap)
         return -1;
     }
     int n = 0;
-    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok = copy, *next; tok; tok = next) {
+        next = strchr(tok, ',');
+        if (next)
+            *next++ = '\0';
+        if (!*list) {
+            fprintf(stderr, "alloclens: -a names no allocator\n");
+            return -1;
+        }
+        if (!*tok) {
+            fprintf(stderr, "alloclens: -a '%s' has an empty name in it (names are separated by one comma)\n", list);
+            return -1;
+        }
         if (n == cap) {
             fprintf(stderr, "alloclens: at most %d allocators can be compared at once\n", cap);
             return -1;
         }
         if (_al_cli_resolve_allocator(tok, &cs[n].alloc) < 0)
             return -1;
+        /* The same library twice would be compared with itself. */
+        char real[PATH_MAX], other[PATH_MAX];
+        const char *mine = realpath(cs[n].alloc.path, real) ? real : cs[n].alloc.path;
+        for (int j = 0; j < n; j++) {
+            if (!strcmp(mine, realpath(cs[j].alloc.path, other) ? other : cs[j].alloc.path)) {
+                fprintf(stderr, "alloclens: -a names the allocator %s twice ('%s' and '%s')\n", mine,
+                        cs[j].alloc.name, tok);
+                return -1;
+            }
+        }
         n++;
     }
-    if (n == 0)
-        fprintf(stderr, "alloclens: -a names no allocator\n");
-    return n ? n : -1;
+    return n;
 }
 
 /* Runs CMD RUNS times under each of CS[0..N), prints the table (and, with SHOW_REPORTS, each

@@ -10,7 +10,8 @@ median must be the median of that allocator's runs; the table and the "switching
 must show every allocator. Also: CMD's stdin is /dev/null (a command reading it ends), a run
 that writes no report is named on stderr and gives exit status 1, a command that cannot run
 stops it at once with the status a shell gives (126, 127), and bad arguments get one
-line on stderr and exit status 2 before anything runs; SIGINT or SIGTERM stops it cleanly
+line on stderr and exit status 2 before anything runs (an allocator named twice, an empty name in -a's
+list too); SIGINT or SIGTERM stops it cleanly
 (no run after, the temporary directory removed, ended by the signal). `alloclens demo` prints a report per
 allocator found and the same table. `alloclens allocators` gives each allocator but glibc the
 version of the Debian package that installed it, as dpkg-query tells it.
@@ -209,6 +210,17 @@ def main():
         tap.ok(p.returncode == 2 and len(err) == 1 and what in err[0] and not os.path.exists(marker),
                f"compare {' '.join(args)}: one line naming '{what}', status 2, nothing run",
                f"status {p.returncode}\nstderr:\n{p.stderr}")
+    # An allocator named twice (by name or by path), or an empty name in the list: one line, 2.
+    libc = os.path.realpath(found["glibc"])
+    for lst, line in (("glibc,glibc", f"-a names the allocator {libc} twice ('glibc' and 'glibc')"),
+                      (f"glibc,{found['glibc']}", f"-a names the allocator {libc} twice ('glibc' and '{found['glibc']}')"),
+                      ("glibc,,glibc", "-a 'glibc,,glibc' has an empty name in it (names are separated by one comma)"),
+                      ("glibc,", "-a 'glibc,' has an empty name in it (names are separated by one comma)"),
+                      ("", "-a names no allocator")):
+        p = compare(["-a", lst, *touch], tmp, timeout=60)
+        tap.ok(p.returncode == 2 and p.stderr == f"alloclens: {line}\n" and not os.path.exists(marker),
+               f"compare -a '{lst}': one line, status 2, nothing run", f"status {p.returncode}\nstderr:\n{p.stderr}")
+
     p = subprocess.run([altest.cli(), "compare", "-a", names[0], *touch], capture_output=True,
                        text=True, cwd=tmp, timeout=60, env=dict(os.environ, TMPDIR="/nonexistent"))
     err = p.stderr.strip().splitlines()
