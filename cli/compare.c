@@ -61,7 +61,8 @@ static const struct {
 
 struct compared {
     struct al_found_allocator alloc;
-    char label[96];
+    bool by_path; /* another allocator compared has the same name: labelled by its path */
+    char label[PATH_MAX + 72];
     int nruns; /* runs with a report */
     double run[MAX_RUNS][M_N];
     double median[M_N], spread[M_N]; /* spread: (max - min) / median */
@@ -99,8 +100,18 @@ static void usage(FILE *f)
             MAX_RUNS);
 }
 
-/* The version the allocator gave its report, where the report is about the library C names:
- * the listing's is the file name's (libjemalloc.so.2 says 2; the allocator, 5.3.0). */
+/* C's name in the table and on stderr: its name (its path where two compared share a name),
+ * and its version once a report of it tells the allocator's own. */
+static void make_label(struct compared *c)
+{
+    const char *who = c->by_path ? c->alloc.path : c->alloc.name;
+    if (c->alloc.version[0])
+        snprintf(c->label, sizeof c->label, "%s %s", who, c->alloc.version);
+    else
+        snprintf(c->label, sizeof c->label, "%s", who);
+}
+
+/* The version the allocator gave its report, where the report is about the library C names. */
 static void take_version(struct compared *c, json_object *r)
 {
     json_object *a = _al_cli_get(r, "allocator");
@@ -109,7 +120,7 @@ static void take_version(struct compared *c, json_object *r)
     if (*v && strcmp(v, c->alloc.version) && realpath(c->alloc.path, mine) &&
         realpath(_al_cli_str(a, "path"), theirs) && !strcmp(mine, theirs)) {
         snprintf(c->alloc.version, sizeof c->alloc.version, "%s", v);
-        snprintf(c->label, sizeof c->label, "%s %s", c->alloc.name, c->alloc.version);
+        make_label(c);
     }
 }
 
@@ -338,16 +349,22 @@ static void print_table(struct compared *cs, int n, int runs, char **cmd)
         printf(" %s", *a);
     printf("\n(%d run%s under each allocator, medians; 'spread' is (max - min) / median of the time\n"
            "in the allocator)\n\n", runs, runs == 1 ? "" : "s");
+    /* Columns as wide as the longest label: labels are told apart by their ends too (two
+     * libraries of one name, labelled by their paths). */
+    int w = 16;
+    for (int i = 0; i < n; i++)
+        if ((int)strlen(cs[i].label) > w)
+            w = (int)strlen(cs[i].label);
     printf("%-24s", "");
     for (int i = 0; i < n; i++)
-        printf(" %16.16s", cs[i].label);
+        printf(" %*s", w, cs[i].label);
     printf("\n");
     for (int k = 0; k < M_N; k++) {
         printf("%-24s", metrics[k].label);
         for (int i = 0; i < n; i++) {
             char v[32];
             format(v, sizeof v, cs[i].failed ? NAN : cs[i].median[k], metrics[k].unit);
-            printf(" %16s", v);
+            printf(" %*s", w, v);
         }
         printf("\n");
     }
@@ -355,7 +372,7 @@ static void print_table(struct compared *cs, int n, int runs, char **cmd)
     for (int i = 0; i < n; i++) {
         char v[32];
         format(v, sizeof v, cs[i].failed ? NAN : 100 * cs[i].spread[M_ALLOC_NS], 'p');
-        printf(" %16s", v);
+        printf(" %*s", w, v);
     }
     printf("\n");
 }
@@ -410,7 +427,7 @@ static int write_json(const char *path, struct compared *cs, int n, int runs, co
         json_object *a = json_object_new_object();
         json_object_object_add(a, "name", json_object_new_string(cs[i].alloc.name));
         json_object_object_add(a, "path", json_object_new_string(cs[i].alloc.path));
-        json_object_object_add(a, "version", json_object_new_string(cs[i].alloc.version));
+        json_object_object_add(a, "version", cs[i].alloc.version[0] ? json_object_new_string(cs[i].alloc.version) : NULL);
         json_object_object_add(a, "runs_with_report", json_object_new_int(cs[i].nruns));
         json_object *med = json_object_new_object(), *spread = json_object_new_object();
         json_object *each = json_object_new_array();
@@ -525,11 +542,15 @@ static int compare(struct compared *cs, int n, int runs, const char *mode, const
         return 2;
     }
     catch_stop_signals();
+    /* The listing's version of a library other than the C library is its file name's suffix
+     * (libjemalloc.so.2 says 2, the allocator 5.3.0): not shown as one. A label carries the
+     * version the allocator itself gives (read from its first report), or none. */
     for (int k = 0; k < n; k++) {
-        if (cs[k].alloc.version[0])
-            snprintf(cs[k].label, sizeof cs[k].label, "%s %s", cs[k].alloc.name, cs[k].alloc.version);
-        else
-            snprintf(cs[k].label, sizeof cs[k].label, "%s", cs[k].alloc.name);
+        if (strcmp(cs[k].alloc.name, "glibc") != 0)
+            cs[k].alloc.version[0] = '\0';
+        for (int j = 0; j < n; j++)
+            cs[k].by_path |= j != k && !strcmp(cs[k].alloc.name, cs[j].alloc.name);
+        make_label(&cs[k]);
     }
     int missing = 0, cannot_run_status = 0;
     /* Turns: A B C, then C B A, ... so that drift on the machine hits every allocator alike. */

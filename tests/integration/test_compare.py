@@ -11,7 +11,8 @@ must show every allocator. Also: CMD's stdin is /dev/null (a command reading it 
 that writes no report is named on stderr and gives exit status 1, a command that cannot run
 stops it at once with the status a shell gives (126, 127), and bad arguments get one
 line on stderr and exit status 2 before anything runs (an allocator named twice, an empty name in -a's
-list too); SIGINT or SIGTERM stops it cleanly
+list too); two libraries of one file name are labelled by their paths, and a label's version
+is the allocator's own or none; SIGINT or SIGTERM stops it cleanly
 (no run after, the temporary directory removed, ended by the signal). `alloclens demo` prints a report per
 allocator found and the same table. `alloclens allocators` gives each allocator but glibc the
 version of the Debian package that installed it, as dpkg-query tells it.
@@ -220,6 +221,36 @@ def main():
         p = compare(["-a", lst, *touch], tmp, timeout=60)
         tap.ok(p.returncode == 2 and p.stderr == f"alloclens: {line}\n" and not os.path.exists(marker),
                f"compare -a '{lst}': one line, status 2, nothing run", f"status {p.returncode}\nstderr:\n{p.stderr}")
+
+    # Labels: two libraries of one file name are told apart by their paths; a label carries the
+    # version the allocator gives, never the file name's suffix (libjemalloc.so.2's "2"), also
+    # for an allocator none of whose runs left a report.
+    other = next((a for a in every if a != "glibc"), None)
+    if other is None:
+        tap.skip("compare: labels of two libraries of one name", "only glibc here")
+    else:
+        lib = os.path.basename(found[other])
+        copies = [os.path.join(tmp, d, lib) for d in ("one", "two")]
+        for c in copies:
+            os.makedirs(os.path.dirname(c))
+            shutil.copy2(found[other], c)
+        p = compare(["-a", ",".join(copies), "-n", "1", "--", *cmd], tmp)
+        lines = p.stdout.splitlines()
+        header = next((l for l in lines if copies[0] in l), "")
+        tap.ok(p.returncode == 0 and all(header.count(f"{c} ") == 1 for c in copies)
+               and f"switching from {copies[0]} " in p.stdout and f"  to {copies[1]} " in p.stdout,
+               "compare of two libraries of one file name: each labelled by its path",
+               f"status {p.returncode}\n{p.stdout[-1500:]}\n{p.stderr[-800:]}")
+        out = os.path.join(tmp, "failed.json")
+        p = compare(["-a", other, "-n", "1", "-o", out, "--", "sh", "-c", "kill -9 $$"], tmp, timeout=60)
+        header = next((l for l in p.stdout.splitlines() if other in l and "compare" not in l), "")
+        with open(out) as f:
+            version = json.load(f)["allocators"][0]["version"]
+        tap.ok(p.returncode == 1 and p.stderr == f"alloclens: run 1 under {other} (killed by signal 9) left out: "
+               "no readable report (No such file or directory)\n" and header.split() == [other] and version is None,
+               f"compare, no run of {other} with a report: labelled '{other}' (no version), on stderr, in the "
+               "table and in the JSON", f"status {p.returncode}\nheader {header!r}; version {version!r}\n"
+               f"stderr:\n{p.stderr[-800:]}")
 
     p = subprocess.run([altest.cli(), "compare", "-a", names[0], *touch], capture_output=True,
                        text=True, cwd=tmp, timeout=60, env=dict(os.environ, TMPDIR="/nonexistent"))
