@@ -75,6 +75,10 @@ int _al_cli_check_writable(const char *path, const char *shown, const char *what
  * of the command's own options: OPT's value was left out, and taking the next word for it
  * would write a file named '--' or run the value of the option after. */
 int _al_cli_value_given(const char *opt, const char *value, bool is_option);
+/* S in OUT (CAP bytes, cut short where full) with its control characters written as C escapes
+ * (\n, \t, \r, \xHH), so that a message showing a value stays one line; OUT. The library's
+ * messages get the same (profiler/log.c). */
+const char *_al_cli_escaped(const char *s, char *out, size_t cap);
 /* 0 when MODE names a mode (full, time, sample), else -1 after one line saying it does not. */
 int _al_cli_check_mode(const char *mode);
 

@@ -79,11 +79,35 @@ int _al_cli_value_given(const char *opt, const char *value, bool is_option)
     return -1;
 }
 
+const char *_al_cli_escaped(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char esc[5];
+        int n;
+        if (c == '\n' || c == '\t' || c == '\r')
+            n = snprintf(esc, sizeof esc, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
+        else if (c < 0x20 || c == 0x7f)
+            n = snprintf(esc, sizeof esc, "\\x%02x", c);
+        else
+            n = snprintf(esc, sizeof esc, "%c", c);
+        if (o + (size_t)n >= cap)
+            break;
+        memcpy(out + o, esc, (size_t)n);
+        o += (size_t)n;
+    }
+    out[o] = '\0';
+    return out;
+}
+
 int _al_cli_check_mode(const char *mode)
 {
     if (_al_mode_parse(mode) >= 0)
         return 0;
-    fprintf(stderr, "alloclens: --mode takes full, time or sample, not '%s'\n", mode);
+    char shown[256];
+    fprintf(stderr, "alloclens: --mode takes full, time or sample, not '%s'\n",
+            _al_cli_escaped(mode, shown, sizeof shown));
     return -1;
 }
 

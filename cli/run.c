@@ -87,12 +87,15 @@ static int set_value(const struct al_option *o, const char *value)
     if (o->type != AL_OPT_STRING) {
         long long v;
         int r = _al_option_parse_num(o, value, &v);
+        char shown[256];
         if (r == -ERANGE) {
-            fprintf(stderr, "alloclens: --%s %s is out of range [%lld, %lld]\n", o->name, value, o->min, o->max);
+            fprintf(stderr, "alloclens: --%s %s is out of range [%lld, %lld]\n", o->name,
+                    _al_cli_escaped(value, shown, sizeof shown), o->min, o->max);
             return -1;
         }
         if (r < 0) {
-            fprintf(stderr, "alloclens: --%s wants a number, not '%s'\n", o->name, value);
+            fprintf(stderr, "alloclens: --%s wants a number, not '%s'\n", o->name,
+                    _al_cli_escaped(value, shown, sizeof shown));
             return -1;
         }
     }
@@ -109,9 +112,10 @@ static int set_value(const struct al_option *o, const char *value)
     return 0;
 }
 
-/* Events named by the user (--events or ALLOCLENS_EVENTS) that libpfm4 does not know: said
- * once here, before anything runs, rather than by every process of the run. */
-static int check_events(void)
+/* Events named by the user (--events or ALLOCLENS_EVENTS, as SOURCE names it) that libpfm4
+ * does not know: said once here, before anything runs, rather than by every process of the
+ * run. */
+static int check_events(const char *source)
 {
     const char *events = getenv(_al_options[AL_OPT_EVENTS].env);
     if (!events || !*events || !strcmp(events, "off") || !strcmp(events, "default"))
@@ -124,7 +128,8 @@ static int check_events(void)
         if (too_long)
             snprintf(err, sizeof err, "event name '%s...' is too long", name);
         if (too_long || _al_event_resolve(name, &attr, err, sizeof err) != 0) {
-            fprintf(stderr, "alloclens: --events: %s\n", err);
+            char shown[256];
+            fprintf(stderr, "alloclens: %s: %s\n", source, _al_cli_escaped(err, shown, sizeof shown));
             r = -1;
         }
     }
@@ -145,9 +150,9 @@ static void resolve_events_ahead(void)
         setenv(_al_options[AL_OPT_EVENT_ATTRS].env, attrs, 1);
 }
 
-static int exec_profiled(const struct al_found_allocator *alloc, char **cmd)
+static int exec_profiled(const struct al_found_allocator *alloc, char **cmd, const char *events_source)
 {
-    if (check_events() < 0)
+    if (check_events(events_source) < 0)
         return 2;
     const char *unreachable = _al_preload_unreachable(cmd[0], true);
     if (unreachable)
@@ -253,6 +258,7 @@ static bool is_run_option(const char *a)
 int _al_cli_cmd_run(int argc, char **argv)
 {
     const char *alloc_arg = "glibc";
+    bool events_flag = false; /* --events given, rather than ALLOCLENS_EVENTS inherited */
     int i = 1;
     for (; i < argc; i++) {
         char *a = argv[i];
@@ -270,7 +276,9 @@ int _al_cli_cmd_run(int argc, char **argv)
         const struct al_option *o;
         bool is_alloc;
         if (!run_option(a, &is_alloc, &o, &value)) {
-            fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens run --help')\n", a);
+            char shown[256];
+            fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens run --help')\n",
+                    _al_cli_escaped(a, shown, sizeof shown));
             return 2;
         }
         if (!value) {
@@ -286,6 +294,7 @@ int _al_cli_cmd_run(int argc, char **argv)
             alloc_arg = value;
         else if (set_value(o, value) < 0)
             return 2;
+        events_flag |= o == &_al_options[AL_OPT_EVENTS];
     }
     if (i >= argc) {
         fprintf(stderr, "alloclens: no command to run (usage: alloclens run [options] -- CMD [ARGS...])\n");
@@ -296,5 +305,5 @@ int _al_cli_cmd_run(int argc, char **argv)
     struct al_found_allocator alloc;
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0)
         return 2;
-    return exec_profiled(&alloc, argv + i);
+    return exec_profiled(&alloc, argv + i, events_flag ? "--events" : _al_options[AL_OPT_EVENTS].env);
 }

@@ -216,19 +216,20 @@ static void resolve_list(const char *list, bool user)
     while (_al_event_next_name(&p, name, sizeof name, &too_long)) {
         if (too_long) {
             if (tells(user))
-                _al_log("event '%s...': name too long, ignored", name);
+                _al_log("%s: event '%s...': name too long, ignored", _al_options[AL_OPT_EVENTS].env, name);
             continue;
         }
         if (_al_counters.nevents == AL_MAX_EVENTS) {
             if (tells(user))
-                _al_log("event '%s' ignored: at most %d events are counted", name, AL_MAX_EVENTS);
+                _al_log("%s: event '%s' ignored: at most %d events are counted", _al_options[AL_OPT_EVENTS].env,
+                        name, AL_MAX_EVENTS);
             continue;
         }
         struct al_event *ev = &_al_counters.events[_al_counters.nevents];
         char err[192];
         if (_al_event_resolve(name, &ev->attr, err, sizeof err) != 0) {
             if (tells(user))
-                _al_log("%s; not counted", err);
+                _al_log("%s: %s; not counted", _al_options[AL_OPT_EVENTS].env, err);
             continue;
         }
         memcpy(ev->name, name, strlen(name) + 1);

@@ -119,7 +119,7 @@ def bad_variable(tap, var, value, *must, status="2"):
     """VAR=VALUE in direct use: host_leaf (exiting STATUS) runs as plain, one line names VAR and
     MUST. Returns the description and the JSON report (or None)."""
     tmp = tmpdir()
-    desc = f"{var}={value}"
+    desc = f"{var}={value}" if value.isprintable() else f"{var}={value!r}"  # one TAP line
     out = os.path.join(tmp, "r.json")
     plain, prof = direct(tmp, [LEAF, status, "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
                          **{var: value})
@@ -207,7 +207,7 @@ def test_bad_variables(tap):
         plain, prof = direct(tmp, argv, ALLOCLENS_OUTPUT=os.path.join(tmp, "r.json"),
                              ALLOCLENS_TEXT="off", **{var: value})
         same_as_plain(tap, desc, plain, prof)
-        one_line(tap, desc, prof, var if var != "ALLOCLENS_EVENTS" else value)
+        one_line(tap, desc, prof, var, value)
 
     # A forking program: the children inherit the settings, not a second warning.
     tmp = tmpdir()
@@ -579,6 +579,35 @@ def test_option_values(tap):
            f"{os.listdir(tmp)}")
 
 
+def test_escaped_values(tap):
+    """A value with a newline (or another control character) in it is shown escaped, so that
+    the line about it stays one line; a message about a variable names it (ALLOCLENS_EVENTS
+    too, from run and from the library)."""
+    cli = altest.cli()
+    tmp = tmpdir()
+    marker = os.path.join(tmp, "ran")
+    touch = ["sh", "-c", f"touch {marker}"]
+    for argv, line in (
+            (["--seed", "5\n"], "--seed wants a number, not '5\\n'"),
+            (["--sample-every=1\t2"], "--sample-every wants a number, not '1\\t2'"),
+            (["--mode", "full\n"], "--mode takes full, time or sample, not 'full\\n'"),
+            (["--bogus\x01"], "unknown option '--bogus\\x01' (see 'alloclens run --help')")):
+        p = run([cli, "run", *argv, "--", *touch])
+        exact_line(tap, f"run {' '.join(argv)!r}", p, "alloclens: " + line, 2)
+    p = run([cli, "run", "--", *touch], env=clean_env(ALLOCLENS_EVENTS="bogus"))
+    tap.ok(p is not None and p.returncode == 2 and p.stderr.startswith("alloclens: ALLOCLENS_EVENTS: unknown event 'bogus' (")
+           and len(lines(p.stderr)) == 1, "ALLOCLENS_EVENTS=bogus alloclens run: one line naming the variable, status 2",
+           show(p))
+    p = run([cli, "run", "--events", "bogus", "--", *touch], env=clean_env(ALLOCLENS_EVENTS="page-faults"))
+    tap.ok(p is not None and p.returncode == 2 and p.stderr.startswith("alloclens: --events: unknown event 'bogus' (")
+           and len(lines(p.stderr)) == 1, "alloclens run --events bogus: one line naming the option, status 2", show(p))
+    tap.ok(not os.path.exists(marker), "a bad value: nothing run")
+    for var, value, shown in (("ALLOCLENS_SEED", "5\n", "ALLOCLENS_SEED='5\\n' is not a number"),
+                              ("ALLOCLENS_MODE", "time\r\n", "ALLOCLENS_MODE='time\\r\\n' is none of"),
+                              ("ALLOCLENS_EVENTS", "bogus", "ALLOCLENS_EVENTS: unknown event 'bogus'")):
+        bad_variable(tap, var, value, shown)
+
+
 def unchanged(tap, desc, argv, out, status, text_off=True):
     """ARGV run plain and under `alloclens run -o OUT` (--text off unless TEXT_OFF is False):
     the same stdout, and exit STATUS both times (DESC says so). Returns the profiled run."""
@@ -897,6 +926,7 @@ def main():
     test_allocators(tap)
     test_cli_usage(tap)
     test_option_values(tap)
+    test_escaped_values(tap)
     test_own_malloc(tap)
     test_go_program(tap)
     test_static_program(tap)
