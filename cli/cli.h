@@ -75,6 +75,10 @@ int _al_cli_check_writable(const char *path, const char *shown, const char *what
  * of the command's own options: OPT's value was left out, and taking the next word for it
  * would write a file named '--' or run the value of the option after. */
 int _al_cli_value_given(const char *opt, const char *value, bool is_option);
+/* 0 where option OPT had no value BEFORE (NULL); else one line saying it was given twice and
+ * -1: every option takes one value, and a later one silently taking the place of the first
+ * would lose what was asked. */
+int _al_cli_once(const char *opt, const char *before, const char *value);
 /* S in OUT (CAP bytes, cut short where full) with its control characters written as C escapes
  * (\n, \t, \r, \xHH), so that a message showing a value stays one line; OUT. The library's
  * messages get the same (profiler/log.c). */

@@ -650,7 +650,8 @@ int _al_cli_cmd_compare(int argc, char **argv)
         }
         const char *v = argv[++i];
         if (_al_cli_value_given(a, v, !strcmp(v, "-h") || !strcmp(v, "--help") ||
-                                          compare_option(v, &list, &output, &mode, &runs_text)) < 0)
+                                          compare_option(v, &list, &output, &mode, &runs_text)) < 0 ||
+            _al_cli_once(a, *value, v) < 0)
             return 2;
         *value = v;
     }

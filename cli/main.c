@@ -37,7 +37,8 @@ static void usage(FILE *f)
             "  help           this text; 'alloclens run --help' lists every run option\n"
             "\n"
             "Exit status: run ends with CMD's own (or 126/127 when CMD cannot be run); every\n"
-            "command gives 2 for bad arguments, and 1 when its work or its output failed.\n"
+            "command gives 2 for bad arguments (an output file that cannot be made among them:\n"
+            "it is checked before any work), and 1 when its work or a write of its output failed.\n"
             "\n"
             "alloclens %s\n",
             ALLOCLENS_VERSION);
@@ -76,6 +77,16 @@ int _al_cli_value_given(const char *opt, const char *value, bool is_option)
         fprintf(stderr, "alloclens: option '%s' needs a value; got the option '%s'\n", opt, value);
     else
         return 0;
+    return -1;
+}
+
+int _al_cli_once(const char *opt, const char *before, const char *value)
+{
+    if (!before)
+        return 0;
+    char a[256], b[256];
+    fprintf(stderr, "alloclens: option '%.*s' given twice ('%s', then '%s'): give it once\n",
+            (int)strcspn(opt, "="), opt, _al_cli_escaped(before, a, sizeof a), _al_cli_escaped(value, b, sizeof b));
     return -1;
 }
 

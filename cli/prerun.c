@@ -98,10 +98,11 @@ int _al_cli_cmd_prerun(int argc, char **argv)
             fprintf(stderr, "alloclens: option '%s' needs a value\n", argv[i]);
             return 2;
         }
-        if (a) {
-            alloc_arg = argv[++i];
-        } else if (o) {
-            out = argv[++i];
+        if (a || o) {
+            const char **value = a ? &alloc_arg : &out;
+            if (_al_cli_once(argv[i], *value, argv[i + 1]) < 0)
+                return 2;
+            *value = argv[++i];
         } else {
             fprintf(stderr, "alloclens: prerun: unexpected argument '%s' (see 'alloclens prerun --help')\n", argv[i]);
             return 2;

@@ -394,7 +394,11 @@ static void usage(FILE *f)
                "Renders a report that 'alloclens run -o' saved (REPORT.json, or '-' for stdin): as\n"
                "text on stdout, or with --html as one self-contained HTML page (OUT.html, or '-' for\n"
                "stdout). The report must be strict JSON with the schema this version writes\n"
-               "(\"" AL_REPORT_SCHEMA "\").\n");
+               "(\"" AL_REPORT_SCHEMA "\").\n"
+               "\n"
+               "Exit status: 0 when rendered; 2 for bad arguments: a report that cannot be read or\n"
+               "is none, or an OUT.html that cannot be made (nothing is rendered); 1 when writing\n"
+               "the page or stdout failed.\n");
 }
 
 int _al_cli_cmd_report(int argc, char **argv)
@@ -410,6 +414,8 @@ int _al_cli_cmd_report(int argc, char **argv)
                 fprintf(stderr, "alloclens: --html needs a file name\n");
                 return 2;
             }
+            if (_al_cli_once("--html", html, argv[i + 1]) < 0)
+                return 2;
             html = argv[++i];
         } else if (argv[i][0] == '-' && argv[i][1]) { /* '-' alone is stdin */
             fprintf(stderr, "alloclens: unknown option '%s' (see 'alloclens report --help')\n", argv[i]);

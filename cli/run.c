@@ -39,11 +39,15 @@ static void run_usage(FILE *f)
 /* The options table as the README shows it (a test keeps the two identical). */
 int _al_cli_cmd_options(int argc, char **argv)
 {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: alloclens options\n\nPrints the table of every tunable as the README shows it: its\n"
+               "environment variable, the run flag that sets it, its default, range and meaning.\n");
+        return 0;
+    }
     if (argc > 1) {
         fprintf(stderr, "alloclens: 'options' takes no arguments\n");
         return 2;
     }
-    (void)argv;
     printf("| variable | run flag | default | range | description |\n|---|---|---|---|---|\n");
     for (int i = 0; i < AL_OPT_N; i++) {
         const struct al_option *o = &_al_options[i];
@@ -259,6 +263,7 @@ int _al_cli_cmd_run(int argc, char **argv)
 {
     const char *alloc_arg = "glibc";
     bool events_flag = false; /* --events given, rather than ALLOCLENS_EVENTS inherited */
+    const char *alloc_given = NULL, *given[AL_OPT_N] = { NULL }; /* each option's value */
     int i = 1;
     for (; i < argc; i++) {
         char *a = argv[i];
@@ -290,6 +295,10 @@ int _al_cli_cmd_run(int argc, char **argv)
             if (_al_cli_value_given(a, value, is_run_option(value)) < 0)
                 return 2;
         }
+        const char **before = is_alloc ? &alloc_given : &given[o - _al_options];
+        if (_al_cli_once(a, *before, value) < 0)
+            return 2;
+        *before = value;
         if (is_alloc)
             alloc_arg = value;
         else if (set_value(o, value) < 0)

@@ -608,6 +608,42 @@ def test_escaped_values(tap):
         bad_variable(tap, var, value, shown)
 
 
+def test_repeats_and_help(tap):
+    """An option given twice is refused with one line naming both values (the later one used to
+    take the first's place without a word); every command takes --help, exit 0, the usage on
+    stdout; the help texts say which exit status an output file that cannot be made gives (2,
+    checked before any work) and which a failed write (1)."""
+    cli = altest.cli()
+    tmp = tmpdir()
+    marker = os.path.join(tmp, "ran")
+    touch = ["--", "sh", "-c", f"touch {marker}"]
+    a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+    for argv, line in (
+            (["run", "-o", a, "--output", b, *touch], f"option '--output' given twice ('{a}', then '{b}')"),
+            (["run", "--seed", "1", "--seed=2", *touch], "option '--seed' given twice ('1', then '2')"),
+            (["run", "-a", "glibc", "--allocator=glibc", *touch], "option '--allocator' given twice ('glibc', then 'glibc')"),
+            (["run", "--text", "off", "--text", "-", *touch], "option '--text' given twice ('off', then '-')"),
+            (["compare", "-n", "1", "--runs", "2", *touch], "option '--runs' given twice ('1', then '2')"),
+            (["compare", "-a", "glibc", "-a", "glibc", *touch], "option '-a' given twice ('glibc', then 'glibc')"),
+            (["prerun", "-a", "glibc", "-o", a, "-o", b], f"option '-o' given twice ('{a}', then '{b}')"),
+            (["report", "r.json", "--html", a, "--html", b], f"option '--html' given twice ('{a}', then '{b}')")):
+        p = run([cli, *argv], cwd=tmp)
+        exact_line(tap, " ".join(argv[:6]), p, f"alloclens: {line}: give it once", 2)
+    tap.ok(sorted(os.listdir(tmp)) == [], "an option given twice: nothing run, no file made", f"{os.listdir(tmp)}")
+    for command in ("run", "prerun", "compare", "report", "allocators", "demo", "options"):
+        for flag in ("--help", "-h"):
+            p = run([cli, command, flag])
+            tap.ok(p is not None and p.returncode == 0 and p.stdout.startswith(f"usage: alloclens {command}")
+                   and p.stderr == "", f"alloclens {command} {flag}: exit 0, the usage on stdout", show(p))
+    p = run([cli, "report", "--help"])
+    tap.ok(p is not None and "or an OUT.html that cannot be made (nothing is rendered); 1 when writing" in p.stdout,
+           "report --help: an --html file that cannot be made is status 2, a failed write 1", show(p))
+    p = run([cli, "--help"])
+    tap.ok(p is not None and "2 for bad arguments (an output file that cannot be made among them" in p.stdout
+           and "1 when its work or a write of its output failed" in p.stdout,
+           "alloclens --help: the exit statuses of output files that cannot be made and of failed writes", show(p))
+
+
 def unchanged(tap, desc, argv, out, status, text_off=True):
     """ARGV run plain and under `alloclens run -o OUT` (--text off unless TEXT_OFF is False):
     the same stdout, and exit STATUS both times (DESC says so). Returns the profiled run."""
@@ -927,6 +963,7 @@ def main():
     test_cli_usage(tap)
     test_option_values(tap)
     test_escaped_values(tap)
+    test_repeats_and_help(tap)
     test_own_malloc(tap)
     test_go_program(tap)
     test_static_program(tap)
