@@ -1,13 +1,16 @@
 /* alloclens prerun, and the config 'alloclens run' hands to the library: an explicit
  * --config / ALLOCLENS_CONFIG, else the cached probe result for the allocator, else a fresh
- * probe (said on one stderr line, cached for next time). A broken config is reported as
+ * probe (said on one stderr line, cached for next time: where the cache cannot be written,
+ * in a private directory in $TMPDIR, said on one more). A broken config is reported as
  * FILE:LINE: what is wrong, and the probe runs instead; a failed probe leaves the run to the
  * default threshold, never stops it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "prerun.h"
@@ -31,7 +34,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* The cache file for the allocator library LIB, where this user's environment puts caches. */
 /* The cache file for LIB, or -1 with a line ending in THEN. */
 static int cache_path(const char *lib, char *out, size_t cap, const char *then)
 {
@@ -41,6 +43,39 @@ static int cache_path(const char *lib, char *out, size_t cap, const char *then)
     else if (r < 0)
         fprintf(stderr, "alloclens: no cache file for %s: %s; %s\n", lib, strerror(-r), then);
     return r < 0 ? -1 : 0;
+}
+
+/* Where a run keeps the config of LIB when the cache cannot take it (a user whose HOME is
+ * not theirs to write, as nobody's /root): a directory of this user's own in $TMPDIR (or
+ * /tmp), made private (with MAKE), and used only while it is a real directory this user owns
+ * and no one else may write (anyone may make names in /tmp). The next run finds it there and
+ * probes no more. 0, or -errno. */
+static int private_path(const char *lib, char *out, size_t cap, bool make)
+{
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s/alloclens-%u", tmp && tmp[0] == '/' ? tmp : "/tmp", (unsigned)getuid()) >=
+        (int)sizeof dir)
+        return -ENAMETOOLONG;
+    struct stat st;
+    if (make && mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    if (lstat(dir, &st) < 0)
+        return -errno;
+    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
+        return -EPERM;
+    return _al_config_cache_path(lib, dir, NULL, out, cap);
+}
+
+/* The config cached for ALLOC at PATH, into cfg: 0, or the lookup's -errno (a broken one
+ * said on a line). */
+static int cached(const struct al_found_allocator *alloc, const char *path)
+{
+    char err[1024];
+    int r = _al_config_cache_lookup(alloc->path, path, &cfg, err, sizeof err);
+    if (r == -EINVAL)
+        fprintf(stderr, "alloclens: ignoring the cached config: %s\n", err);
+    return r;
 }
 
 int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, size_t cap)
@@ -56,22 +91,37 @@ int _al_cli_config_for_run(const struct al_found_allocator *alloc, char *path, s
     }
     if (cache_path(alloc->path, path, cap, "running without a config") < 0)
         return -1;
-    int r = _al_config_cache_lookup(alloc->path, path, &cfg, err, sizeof err);
+    int r = cached(alloc, path);
     if (r == 0)
         return 0;
-    if (r == -EINVAL)
-        fprintf(stderr, "alloclens: ignoring the cached config: %s\n", err);
+    char private[4096];
+    if (private_path(alloc->path, private, sizeof private, false) == 0 && cached(alloc, private) == 0) {
+        snprintf(path, cap, "%s", private);
+        return 0;
+    }
     char exe[4096];
     if (probe_exe(exe, sizeof exe) < 0)
         return -1;
     fprintf(stderr, "alloclens: %s %s: probing its size classes once (cached in %s)\n",
             r == -ESTALE ? "the library changed:" : "first run under", alloc->name, path);
-    if (_al_prerun_probe(alloc->path, exe, &cfg, false, err, sizeof err) < 0 ||
-        _al_prerun_write_config(path, &cfg, true, err, sizeof err) < 0) {
+    if (_al_prerun_probe(alloc->path, exe, &cfg, false, err, sizeof err) < 0) {
         fprintf(stderr, "alloclens: %s; running without a config\n", err);
         return -1;
     }
-    return 0;
+    if (_al_prerun_write_config(path, &cfg, true, err, sizeof err) == 0)
+        return 0;
+    /* The probe's result is this run's all the same, and the next run's. */
+    char why[1100];
+    snprintf(why, sizeof why, "%s", err);
+    if (private_path(alloc->path, private, sizeof private, true) == 0 &&
+        _al_prerun_write_config(private, &cfg, true, err, sizeof err) == 0) {
+        fprintf(stderr, "alloclens: could not cache the config (%s): kept in %s instead\n", why, private);
+        snprintf(path, cap, "%s", private);
+        return 0;
+    }
+    fprintf(stderr, "alloclens: could not cache the config (%s), nor keep it in $TMPDIR; running without "
+            "a config\n", why);
+    return -1;
 }
 
 int _al_cli_cmd_prerun(int argc, char **argv)

@@ -181,7 +181,8 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd, con
     setenv("LD_PRELOAD", preload, 1);
     setenv(_al_options[AL_OPT_ALLOCATOR].env, alloc->path, 1);
     char config[4096];
-    if (_al_cli_config_for_run(alloc, config, sizeof config) == 0)
+    /* A program the preload does not reach needs no config: no probe for it. */
+    if (!unreachable && _al_cli_config_for_run(alloc, config, sizeof config) == 0)
         setenv(_al_options[AL_OPT_CONFIG].env, config, 1);
     else
         unsetenv(_al_options[AL_OPT_CONFIG].env);

@@ -772,6 +772,49 @@ def test_setuid_program(tap):
         tap.skip("run -- a set-user-ID program", f"{tmp} is mounted nosuid")
         return
     unreachable_program(tap, "a set-user-ID program", prog, 6, "set-user-ID")
+    # It is not probed for either: with no config cached, still that one line, nothing cached.
+    cache = tmpdir()
+    p = run([altest.cli(), "run", "-a", "glibc", "--", prog, "6", "100"], env=clean_env(XDG_CACHE_HOME=cache))
+    tap.ok(p is not None and p.returncode == 6 and len(lines(p.stderr)) == 1 and "probing" not in p.stderr
+           and not os.listdir(cache), "run -- a set-user-ID program, nothing cached: no probe, one line",
+           f"cache: {os.listdir(cache)}\n{show(p)}")
+
+
+def test_uncachable_config(tap):
+    """The config cache cannot be written (here: XDG_CACHE_HOME a file, not a directory; as
+    nobody with HOME=/root alike): the run uses the probed config all the same, kept in a
+    private directory of the user's in $TMPDIR, says so once, and the next run takes it from
+    there without a probe. A directory of that name that others may write is not used."""
+    cli = altest.cli()
+    tmp = tmpdir()
+    env = clean_env(XDG_CACHE_HOME="/dev/null", TMPDIR=tmp)
+    out = os.path.join(tmp, "r.json")
+    argv = [cli, "run", "-a", "glibc", "-o", out, "--text", "off", "--", LEAF, "0", "50"]
+    kept = os.path.join(tmp, f"alloclens-{os.getuid()}", "alloclens")
+    for n in (1, 2):
+        p = run(argv, env=env)
+        conf = (load(out) or {}).get("allocator", {}).get("config", {})
+        said = lines(p.stderr) if p else []
+        files = os.listdir(kept) if os.path.isdir(kept) else []
+        path = os.path.join(kept, files[0]) if len(files) == 1 else None
+        want = [] if n == 2 else [
+            f"alloclens: first run under glibc: probing its size classes once (cached in /dev/null/alloclens/{files[0] if files else '?'})",
+            f"alloclens: could not cache the config (cannot write /dev/null/alloclens/{files[0] if files else '?'}: "
+            f"{os.strerror(20)}): kept in {path} instead"]
+        tap.ok(p is not None and p.returncode == 0 and said == want and path and conf.get("available")
+               and conf.get("path") == path, f"a cache that cannot be written, run {n}: "
+               + ("probed, the config used, one line saying where it is kept" if n == 1 else "the kept config used, no probe, nothing said"),
+               f"report's config: {conf}\nwant {want}\n{show(p)}")
+    shared = tmpdir()
+    os.chmod(shared, 0o1777)
+    os.mkdir(os.path.join(shared, f"alloclens-{os.getuid()}"), 0o777)
+    os.chmod(os.path.join(shared, f"alloclens-{os.getuid()}"), 0o777)
+    p = run(argv, env=clean_env(XDG_CACHE_HOME="/dev/null", TMPDIR=shared))
+    tap.ok(p is not None and p.returncode == 0 and len(lines(p.stderr)) == 2
+           and lines(p.stderr)[1].endswith("nor keep it in $TMPDIR; running without a config")
+           and not os.listdir(os.path.join(shared, f"alloclens-{os.getuid()}")),
+           "a cache that cannot be written, $TMPDIR's directory for it writable by others: not used, said",
+           show(p))
 
 
 def test_paths(tap):
@@ -968,6 +1011,7 @@ def main():
     test_go_program(tap)
     test_static_program(tap)
     test_setuid_program(tap)
+    test_uncachable_config(tap)
     test_configs(tap)
     test_paths(tap)
     test_no_proc(tap)
