@@ -92,7 +92,7 @@ deep = tmp
 while len(deep) < 4000:
     deep = os.path.join(deep, "d" * min(200, 4000 - len(deep) + 10))
 os.makedirs(deep, exist_ok=True)
-main = os.path.join(deep, "r" * (4090 - len(deep) - 6) + ".json")  # 4090 bytes; r.<pid>.json pass 4095
+main = os.path.join(deep, "r" * (4095 - len(deep) - 6) + ".json")  # 4095 bytes; r.<pid>.json pass it
 # The library itself (the CLI refuses such a path at once).
 env = dict(os.environ, LD_PRELOAD=altest.so(), ALLOCLENS_OUTPUT=main, ALLOCLENS_TEXT="off")
 p = subprocess.run(["sh", "-c", "ls / >/dev/null; true"], env=env, capture_output=True, timeout=60)
