@@ -79,10 +79,10 @@ static struct {
  * whose byte for the object its free reads anyway. The other modes keep the addresses of up
  * to BUCKET_ADDRS samples per bucket of _al_hot.sample_pages here, read by a free whose
  * bucket's bit is set without the lock: it looks only for its own address, which no other
- * thread adds or removes meanwhile. Only a bucket's further samples are marked in the shadow
- * table (counted in over): there, a sample's mark cost 1500-2200 cycles, three cold misses
- * (directory entry, region, byte) in a table the program never touches otherwise; a
- * bucket's addresses are one line. */
+ * thread adds or removes meanwhile. A bucket's further samples are only counted (over): a
+ * free in a bucket with any looks its address up in the samples' index, under the lock. (They
+ * were marked in the shadow table, whose records --mode sample never takes down: mimalloc's
+ * big blocks, at ever new addresses and all in one bucket, grew it without bound.) */
 #define BUCKET_ADDRS 3
 
 static struct bucket {
@@ -109,7 +109,6 @@ static void mark(const void *p, bool on)
     } else {
         uint32_t over = atomic_load_explicit(&k->over, memory_order_relaxed);
         atomic_store_explicit(&k->over, on ? over + 1 : over - 1, memory_order_relaxed);
-        _al_shadow_set_sampled(p, on);
     }
     bool any = on || atomic_load_explicit(&k->over, memory_order_relaxed) != 0;
     for (i = 0; !any && i < BUCKET_ADDRS; i++)
@@ -130,10 +129,8 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p, struct al_sample_undo *u)
     bool found = false;
     for (unsigned i = 0; i < BUCKET_ADDRS; i++)
         found |= atomic_load_explicit(&k->addr[i], memory_order_relaxed) == (uintptr_t)p;
-    if (!found && atomic_load_explicit(&k->over, memory_order_relaxed))
-        found = _al_shadow_flags(p) & AL_SHADOW_SAMPLED;
-    if (found)
-        _al_sample_free(p, u);
+    if (found || atomic_load_explicit(&k->over, memory_order_relaxed))
+        _al_sample_free(p, u); /* which finds whether it is one */
 }
 
 /* The sampler's two locks (the table's, and unwinding's below) hold their owner, the address

@@ -224,6 +224,10 @@ static void sigsys(int sig, siginfo_t *si, void *ctx)
         return;
     }
     int saved = errno;
+    /* Before the unmapping: once it is done another thread's allocator may map the range
+     * again and record its objects there. */
+    if (nr == SYS_munmap && kind >= 0 && t && t->in_call)
+        _al_shadow_release((uint64_t)g[REG_RDI], (uint64_t)g[REG_RDI] + (uint64_t)g[REG_RSI]);
     uint64_t c0 = _al_tsc();
     long r = _al_sud_syscall(nr, g[REG_RDI], g[REG_RSI], g[REG_RDX], g[REG_R10], g[REG_R8], g[REG_R9]);
     uint64_t c1 = _al_tsc();

@@ -1,6 +1,7 @@
-/* The shadow table's level 1 and the creation of region records (the rare path: once per
- * MiB of address space that ever holds an object), what the table costs, and the rare flag
- * changes of a granule byte (sampled, --mode time's large-object mark). */
+/* The shadow table's level 1, the creation of region records (the rare path: once per MiB of
+ * address space that comes to hold an object) and their taking down when the allocator unmaps
+ * that MiB, what the table costs, and the rare flag changes of a granule byte (sampled,
+ * --mode time's large-object mark). */
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -88,9 +89,62 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
     return r;
 }
 
+/* Records taken down at a time: cleared, then the epoch bumped, then unmapped. */
+#define RELEASE_BATCH 64
+
+static void unmap_batch(struct al_shadow_region **batch, unsigned n)
+{
+    if (!n)
+        return;
+    /* After the slots are cleared: a thread filling its cache reads the epoch before the slot,
+     * so any pointer it keeps from before is of an older epoch. */
+    atomic_fetch_add_explicit(&_al_shadow.epoch, 1, memory_order_seq_cst);
+    for (unsigned i = 0; i < n; i++)
+        munmap(batch[i], sizeof *batch[i]);
+    atomic_fetch_sub_explicit(&_al_shadow.regions, n, memory_order_relaxed);
+}
+
+void _al_shadow_release(uint64_t lo, uint64_t hi)
+{
+    uint64_t first = (lo + (1ull << AL_SHADOW_REGION_SHIFT) - 1) >> AL_SHADOW_REGION_SHIFT;
+    uint64_t end = hi >> AL_SHADOW_REGION_SHIFT;
+    if (!_al_shadow.dir || hi < lo)
+        return;
+    struct al_shadow_region *batch[RELEASE_BATCH];
+    unsigned n = 0;
+    for (uint64_t k = first; k < end;) {
+        uint64_t d = k >> (AL_SHADOW_SLICE_SHIFT - AL_SHADOW_REGION_SHIFT);
+        struct al_shadow_slice *s =
+            d < _al_shadow.dir_entries ? atomic_load_explicit(&_al_shadow.dir[d], memory_order_acquire) : NULL;
+        uint64_t slice_end = (d + 1) << (AL_SHADOW_SLICE_SHIFT - AL_SHADOW_REGION_SHIFT);
+        if (!s) { /* nothing of this slice's 4 GiB was ever recorded */
+            k = slice_end;
+            continue;
+        }
+        for (; k < end && k < slice_end; k++) {
+            struct al_shadow_region *r = atomic_exchange_explicit(
+                &s->region[k & (AL_SHADOW_SLICE_ENTRIES - 1)], NULL, memory_order_acq_rel);
+            if (!r)
+                continue;
+            batch[n++] = r;
+            if (n == RELEASE_BATCH) {
+                unmap_batch(batch, n);
+                n = 0;
+            }
+        }
+    }
+    unmap_batch(batch, n);
+}
+
 __attribute__((noinline)) struct al_shadow_region *_al_shadow_region_fill(struct al_shadow_cache *c, uint64_t a,
                                                                           bool create)
 {
+    uint64_t epoch = atomic_load_explicit(&_al_shadow.epoch, memory_order_acquire);
+    if (c->epoch != epoch) { /* records were taken down: none kept is sure to be good */
+        for (unsigned i = 0; i < AL_SHADOW_CACHE_WAYS; i++)
+            c->e[i].key = AL_SHADOW_NO_KEY;
+        c->epoch = epoch;
+    }
     struct al_shadow_region *r = create ? _al_shadow_region_get(a) : _al_shadow_region(a);
     if (r) {
         uint64_t key = a >> AL_SHADOW_REGION_SHIFT;

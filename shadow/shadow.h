@@ -87,7 +87,10 @@ struct al_shadow {
     _Atomic(struct al_shadow_slice *) *dir;
     uint64_t dir_entries;
     _Atomic uint64_t slices;      /* level-1 slices created */
-    _Atomic uint64_t regions;     /* region records created */
+    _Atomic uint64_t regions;     /* region records mapped now */
+    /* Bumped when region records are taken down (_al_shadow_release): threads' caches of
+     * region pointers kept from before are dropped at their next look. */
+    _Atomic uint64_t epoch;
     _Atomic uint64_t untracked;   /* addresses beyond the table (should stay 0) */
     /* log2 of the granule's bytes: AL_SHADOW_GRANULE_SHIFT, or one more where full mode found
      * that the allocator's objects fit 16-byte granules (waste.c). Set once, before the first
@@ -100,6 +103,11 @@ extern struct al_shadow _al_shadow;
 /* Maps the directory for this machine's address-space size (47 or 56 bits); 0 or -errno. */
 int _al_shadow_init(void);
 struct al_shadow_region *_al_shadow_region_create(uint64_t address);
+/* The allocator is about to unmap [LO, HI): the region records of the MiBs wholly inside it
+ * are taken down (nothing lives there any more). Without it an allocator that maps its big
+ * blocks at ever new addresses (mimalloc) had the table grow with every block: 19.6 GiB for a
+ * program of 2 MiB, over two minutes. */
+void _al_shadow_release(uint64_t lo, uint64_t hi);
 /* Installs *SLOT from a fresh zeroed mapping of SIZE bytes (mmap FLAGS added) unless another
  * thread got there first; returns what the slot holds, *WON set if it is the new mapping. */
 void *_al_shadow_install(_Atomic(void *) *slot, size_t size, int flags, bool *won);
@@ -142,13 +150,16 @@ static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow
 }
 
 /* A thread's last regions, one per MiB modulo AL_SHADOW_CACHE_WAYS: a thread's calls mostly
- * fall in the few MiB of heap it works in, and one compare saves the walk from the directory
- * (region records are never taken down, so a pointer kept stays good). One entry was not
- * enough: malloc_bench's heap of a few MiB sent two calls in five down the walk, eight send
- * almost none (18 walks in 1.9 million calls).
+ * fall in the few MiB of heap it works in, and one compare saves the walk from the directory.
+ * One entry was not enough: malloc_bench's heap of a few MiB sent two calls in five down the
+ * walk, eight send almost none (18 walks in 1.9 million calls). The pointers kept are good
+ * while the table's epoch is the one they were kept in: a record taken down since may be
+ * unmapped. A thread looks a record up only for an address it was handed by the allocator,
+ * after the unmapping that took it down, so the new epoch is seen first.
  * AL_SHADOW_NO_KEY: nothing kept yet. */
 #define AL_SHADOW_CACHE_WAYS 8
 struct al_shadow_cache {
+    uint64_t epoch;
     struct al_shadow_cache_entry {
         uint64_t key; /* address >> AL_SHADOW_REGION_SHIFT */
         struct al_shadow_region *r;
@@ -166,7 +177,7 @@ _al_shadow_region_cached(struct al_shadow_cache *c, uint64_t a, bool create)
 {
     uint64_t key = a >> AL_SHADOW_REGION_SHIFT;
     struct al_shadow_cache_entry *e = &c->e[key % AL_SHADOW_CACHE_WAYS];
-    if (__builtin_expect(e->key == key, 1))
+    if (__builtin_expect(e->key == key && c->epoch == atomic_load_explicit(&_al_shadow.epoch, memory_order_relaxed), 1))
         return e->r;
     return _al_shadow_region_fill(c, a, create);
 }
