@@ -10,16 +10,16 @@
  *   were moved to addresses from BIAS up (profiler/unloaded.c): it is read from PATH;
  *   then one return address per line, in hex.
  * Output (standard output): a line per address, in the same order, of five tab-separated
- * fields, empty where unknown: function (demangled; the innermost inlined call's, whose line
- * it is), source file, line, module path, and the
+ * fields, empty where unknown: function (demangled: C++, and Rust's two schemes; the innermost
+ * inlined call's, whose line it is), source file, line, module path, and the
  * address's offset from the module's load address in hex; then a line "end". The call itself
  * is looked up (the byte before the return address). Exit status 0, or 1 with nothing written
  * when the input is malformed or the module map cannot be built. */
-#include <dlfcn.h>
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <inttypes.h>
+#include <libiberty/demangle.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,13 +109,6 @@ int main(void)
         return 1;
     fclose(maps);
 
-    /* The C++ runtime's demangler, where it is installed: the profiled program need not be
-     * C++ for its allocations to pass through C++ libraries. */
-    char *(*demangle)(const char *, char *, size_t *, int *) = NULL;
-    void *cxx = dlopen("libstdc++.so.6", RTLD_LAZY | RTLD_LOCAL);
-    if (cxx)
-        demangle = (char *(*)(const char *, char *, size_t *, int *))dlsym(cxx, "__cxa_demangle");
-
     for (char *line = strtok(pcs, "\n"); line; line = strtok(NULL, "\n")) {
         Dwarf_Addr pc = strtoull(line, NULL, 16);
         Dwfl_Module *m = pc ? dwfl_addrmodule(dwfl, pc - 1) : NULL;
@@ -134,9 +127,11 @@ int main(void)
                     fn = inner;
             }
         }
-        char *plain = NULL;
-        int status = -1;
-        if (fn && demangle && (plain = demangle(fn, NULL, NULL, &status)) && status == 0)
+        /* As c++filt does by default (parameters, no Rust hash): libiberty tries Rust's legacy
+         * scheme before C++'s, whose syntax it shares, and knows Rust's v0 scheme ("_R"),
+         * which the C++ runtime's __cxa_demangle does not. */
+        char *plain = fn ? cplus_demangle(fn, DMGL_PARAMS | DMGL_ANSI | DMGL_AUTO) : NULL;
+        if (plain)
             fn = plain;
         put_field(fn);
         putchar('\t');
