@@ -9,42 +9,95 @@
  *   then a line "@BIAS PATH" (BIAS in hex) for each library the process unloaded, whose frames
  *   were moved to addresses from BIAS up (profiler/unloaded.c): it is read from PATH;
  *   then one return address per line, in hex.
- * Output (standard output): a line per address, in the same order, of five tab-separated
- * fields, empty where unknown: function (demangled: C++, and Rust's two schemes; the innermost
- * inlined call's, whose line it is), source file, line, module path, and the
- * address's offset from the module's load address in hex; then a line "end". The call itself
- * is looked up (the byte before the return address). Exit status 0, or 1 with nothing written
- * when the input is malformed or the module map cannot be built. */
+ * Output (standard output): for each address, in the same order, a line per function the
+ * address is in, innermost first, as addr2line -i has them: where the call is in code inlined
+ * from other functions, the innermost inlined function with the address's line, then each
+ * function that inlined the one before it, with the line of that inlined call, and last the
+ * function the code was compiled into. A line has six tab-separated fields, empty where
+ * unknown: function (demangled: C++, and Rust's two schemes), source file, line, module path,
+ * the address's offset from the module's load address in hex, and "i" where the function is
+ * inlined into the next line's (the same address's), empty on the address's last line. Then a
+ * line "end". The call itself is looked up (the byte before the return address). Exit status
+ * 0, or 1 with nothing written when the input is malformed or the module map cannot be
+ * built. */
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <inttypes.h>
 #include <libiberty/demangle.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The function of the innermost inlined call holding PC, whose source line the line table
- * gives for PC; NULL where PC is in no inlined call (the symbol table's name is its own). */
-static const char *inlined_function(Dwfl_Module *m, Dwarf_Addr pc)
+/* Deeper nesting than any compiler emits; past it the innermost DIEs are not looked at. */
+#define DEPTH_MAX 128
+
+/* The DIEs whose code holds an address, outermost first. */
+struct path {
+    Dwarf_Die die[DEPTH_MAX];
+    int n;
+};
+
+/* DIEs without code of their own whose children may have some: namespaces (Rust puts every
+ * function in one, C++ compilers those of namespaces), modules, and the types that hold their
+ * member functions. */
+static bool holds_functions(int tag)
 {
-    Dwarf_Addr bias;
-    Dwarf_Die *cu = dwfl_module_addrdie(m, pc, &bias);
-    Dwarf_Die *scopes = NULL;
-    int n = cu ? dwarf_getscopes(cu, pc - bias, &scopes) : 0;
-    const char *name = NULL;
-    for (int i = 0; i < n && !name; i++) {
-        if (dwarf_tag(&scopes[i]) == DW_TAG_subprogram)
-            break;
-        if (dwarf_tag(&scopes[i]) != DW_TAG_inlined_subroutine)
-            continue;
-        Dwarf_Attribute attr;
-        name = dwarf_formstring(dwarf_attr_integrate(&scopes[i], DW_AT_linkage_name, &attr));
-        if (!name)
-            name = dwarf_formstring(dwarf_attr_integrate(&scopes[i], DW_AT_name, &attr));
-    }
-    free(scopes);
-    return name;
+    return tag == DW_TAG_namespace || tag == DW_TAG_module || tag == DW_TAG_structure_type ||
+           tag == DW_TAG_class_type || tag == DW_TAG_union_type || tag == DW_TAG_interface_type;
+}
+
+/* Appends to P the DIEs under PARENT whose code holds PC, down to the innermost; whether
+ * there was one. A walk of our own rather than dwarf_getscopes: that one follows the
+ * innermost inlined call's abstract origin instead of the functions it was inlined into, and
+ * finds no scope at all where that origin lies outside the unit's scopes (Rust's closures). */
+static bool descend(Dwarf_Die *parent, Dwarf_Addr pc, struct path *p)
+{
+    Dwarf_Die child;
+    if (dwarf_child(parent, &child) != 0)
+        return false;
+    do {
+        if (dwarf_hasattr(&child, DW_AT_low_pc) || dwarf_hasattr(&child, DW_AT_ranges)) {
+            if (dwarf_haspc(&child, pc) <= 0)
+                continue;
+            if (p->n < DEPTH_MAX)
+                p->die[p->n++] = child;
+            descend(&child, pc, p);
+            return true;
+        }
+        if (holds_functions(dwarf_tag(&child)) && descend(&child, pc, p))
+            return true;
+    } while (dwarf_siblingof(&child, &child) == 0);
+    return false;
+}
+
+/* The name of the function DIE is (an inlined call's is its abstract origin's), its linkage
+ * name where it has one: that one demangles to the full path (C++'s parameters, Rust's
+ * module path), where DW_AT_name is the bare name. */
+static const char *die_function(Dwarf_Die *die)
+{
+    Dwarf_Attribute attr;
+    const char *name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
+    if (!name)
+        name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
+    return name ? name : dwarf_formstring(dwarf_attr_integrate(die, DW_AT_name, &attr));
+}
+
+/* The file and line of the inlined call DIE (DW_AT_call_file indexes its unit's file table). */
+static void call_site(Dwarf_Die *die, const char **file, int *line)
+{
+    Dwarf_Attribute attr;
+    Dwarf_Word v;
+    Dwarf_Die cu;
+    Dwarf_Files *files;
+    *file = NULL;
+    *line = 0;
+    if (dwarf_formudata(dwarf_attr(die, DW_AT_call_file, &attr), &v) == 0 && dwarf_diecu(die, &cu, NULL, NULL) &&
+        dwarf_getsrcfiles(&cu, &files, NULL) == 0)
+        *file = dwarf_filesrc(files, v, NULL, NULL);
+    if (*file && dwarf_formudata(dwarf_attr(die, DW_AT_call_line, &attr), &v) == 0)
+        *line = (int)v;
 }
 
 static char *read_all(FILE *f, size_t *len)
@@ -72,6 +125,65 @@ static void put_field(const char *s)
 {
     for (; s && *s; s++)
         putchar(*s == '\t' || *s == '\n' ? '?' : *s);
+}
+
+/* One output line. Names are demangled as c++filt does by default (parameters, no Rust
+ * hash): libiberty tries Rust's legacy scheme before C++'s, whose syntax it shares, and
+ * knows Rust's v0 scheme ("_R"), which the C++ runtime's __cxa_demangle does not. */
+static void put_frame(const char *fn, const char *file, int line, Dwfl_Module *m, Dwarf_Addr pc, bool inlined)
+{
+    char *plain = fn ? cplus_demangle(fn, DMGL_PARAMS | DMGL_ANSI | DMGL_AUTO) : NULL;
+    put_field(plain ? plain : fn);
+    free(plain);
+    putchar('\t');
+    put_field(file);
+    if (file && line > 0)
+        printf("\t%d\t", line);
+    else
+        fputs("\t\t", stdout);
+    Dwarf_Addr base = 0;
+    if (m) {
+        put_field(dwfl_module_info(m, NULL, &base, NULL, NULL, NULL, NULL, NULL));
+        printf("\t%" PRIx64, (uint64_t)(pc - base));
+    } else {
+        putchar('\t');
+    }
+    puts(inlined ? "\ti" : "\t");
+}
+
+/* The lines of return address PC: the call at PC - 1, expanded into its inlined calls. */
+static void put_address(Dwfl *dwfl, Dwarf_Addr pc)
+{
+    Dwfl_Module *m = pc ? dwfl_addrmodule(dwfl, pc - 1) : NULL;
+    if (!m) {
+        put_frame(NULL, NULL, 0, NULL, pc, false);
+        return;
+    }
+    /* The symbol table's name for the function the code is in (there without debug
+     * information too); the line table's line, the innermost inlined call's. */
+    const char *fn = dwfl_module_addrname(m, pc - 1), *file = NULL;
+    int line = 0;
+    Dwfl_Line *l = dwfl_module_getsrc(m, pc - 1);
+    if (l)
+        file = dwfl_lineinfo(l, NULL, &line, NULL, NULL, NULL);
+    static struct path p;
+    p.n = 0;
+    Dwarf_Addr bias;
+    Dwarf_Die *cu = l ? dwfl_module_addrdie(m, pc - 1, &bias) : NULL;
+    if (cu)
+        descend(cu, pc - 1 - bias, &p);
+    int outer = p.n - 1; /* the function the code was compiled into */
+    while (outer >= 0 && dwarf_tag(&p.die[outer]) != DW_TAG_subprogram)
+        outer--;
+    for (int i = p.n - 1; i > outer; i--) {
+        if (dwarf_tag(&p.die[i]) != DW_TAG_inlined_subroutine)
+            continue;
+        put_frame(die_function(&p.die[i]), file, line, m, pc, true);
+        call_site(&p.die[i], &file, &line);
+    }
+    if (!fn && outer >= 0)
+        fn = die_function(&p.die[outer]);
+    put_frame(fn, file, line, m, pc, false);
 }
 
 int main(void)
@@ -109,44 +221,8 @@ int main(void)
         return 1;
     fclose(maps);
 
-    for (char *line = strtok(pcs, "\n"); line; line = strtok(NULL, "\n")) {
-        Dwarf_Addr pc = strtoull(line, NULL, 16);
-        Dwfl_Module *m = pc ? dwfl_addrmodule(dwfl, pc - 1) : NULL;
-        const char *fn = NULL, *file = NULL, *module = NULL;
-        int lineno = 0;
-        Dwarf_Addr base = 0;
-        if (m) {
-            module = dwfl_module_info(m, NULL, &base, NULL, NULL, NULL, NULL, NULL);
-            fn = dwfl_module_addrname(m, pc - 1);
-            Dwfl_Line *l = dwfl_module_getsrc(m, pc - 1);
-            if (l) {
-                file = dwfl_lineinfo(l, NULL, &lineno, NULL, NULL, NULL);
-                /* The line is the innermost inlined call's: so is the name. */
-                const char *inner = inlined_function(m, pc - 1);
-                if (inner)
-                    fn = inner;
-            }
-        }
-        /* As c++filt does by default (parameters, no Rust hash): libiberty tries Rust's legacy
-         * scheme before C++'s, whose syntax it shares, and knows Rust's v0 scheme ("_R"),
-         * which the C++ runtime's __cxa_demangle does not. */
-        char *plain = fn ? cplus_demangle(fn, DMGL_PARAMS | DMGL_ANSI | DMGL_AUTO) : NULL;
-        if (plain)
-            fn = plain;
-        put_field(fn);
-        putchar('\t');
-        put_field(file);
-        if (file && lineno > 0)
-            printf("\t%d\t", lineno);
-        else
-            fputs("\t\t", stdout);
-        put_field(module);
-        if (m)
-            printf("\t%" PRIx64 "\n", (uint64_t)(pc - base));
-        else
-            fputs("\t\n", stdout);
-        free(plain);
-    }
+    for (char *line = strtok(pcs, "\n"); line; line = strtok(NULL, "\n"))
+        put_address(dwfl, strtoull(line, NULL, 16));
     fputs("end\n", stdout);
     return fflush(stdout) == 0 ? 0 : 1;
 }

@@ -650,11 +650,15 @@ struct al_symbol {
     const char *module;
     uint64_t module_offset;
     bool unloaded;        /* module is a library the program unloaded, not read again */
+    /* Where the call at the address is in code inlined from FUNCTION: the function that code
+     * was inlined into, with the line of that inlined call (and its own inlined_into, up to
+     * the function the code was compiled into, whose is NULL). Owned by the symbol table. */
+    const struct al_symbol *inlined_into;
 };
 
 /* Before a report names frames: with FULL, every frame of every site is named at once from
- * debug information by alloclens-symbolize; otherwise, and where that fails, frames get the
- * dynamic symbol table's names. */
+ * debug information by alloclens-symbolize, each with the chain of its inlined calls; otherwise,
+ * and where that fails, frames get the dynamic symbol table's names (no inlined calls). */
 void _al_symbols_begin(bool full);
 void _al_symbolize(uintptr_t pc, struct al_symbol *s);
 /* Why the names are not from debug information (not asked for in this process, or missing);

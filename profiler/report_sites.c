@@ -16,24 +16,37 @@
  * rather than on the stack, which may be a signal handler's small one: C++ names run long. */
 #define TEXT_CAP 8192
 
-static void frame_text(char *out, size_t cap, uintptr_t pc)
+/* The text of one function of the frame at PC: S, the frame's innermost, or one that S's code
+ * was inlined into (each is a frame of its own in the stack, innermost first). */
+static void frame_text(char *out, size_t cap, uintptr_t pc, const struct al_symbol *s)
 {
-    struct al_symbol s;
-    _al_symbolize(pc, &s);
     static char plain[TEXT_CAP];
-    const char *fn = _al_symbol_function(&s, plain, sizeof plain);
-    const char *mod = s.module ? strrchr(s.module, '/') : NULL;
-    mod = mod ? mod + 1 : s.module;
-    if (fn && s.file)
-        snprintf(out, cap, "%s (%s:%d)", fn, s.file, s.line);
+    const char *fn = _al_symbol_function(s, plain, sizeof plain);
+    const char *mod = s->module ? strrchr(s->module, '/') : NULL;
+    mod = mod ? mod + 1 : s->module;
+    if (fn && s->file)
+        snprintf(out, cap, "%s (%s:%d)", fn, s->file, s->line);
     else if (fn)
         snprintf(out, cap, "%s (%s)", fn, mod ? mod : "?");
-    else if (mod && s.unloaded) /* its address then is of no use */
-        snprintf(out, cap, "%s+0x%lx (unloaded)", mod, (unsigned long)s.module_offset);
+    else if (mod && s->unloaded) /* its address then is of no use */
+        snprintf(out, cap, "%s+0x%lx (unloaded)", mod, (unsigned long)s->module_offset);
     else if (mod)
-        snprintf(out, cap, "0x%lx (%s+0x%lx)", (unsigned long)pc, mod, (unsigned long)s.module_offset);
+        snprintf(out, cap, "0x%lx (%s+0x%lx)", (unsigned long)pc, mod, (unsigned long)s->module_offset);
     else
         snprintf(out, cap, "0x%lx", (unsigned long)pc);
+}
+
+/* Appends to TEXT (CAP bytes) " < " and the text of S, where there is room for them. */
+static void text_append(char *text, size_t cap, uintptr_t pc, const struct al_symbol *s)
+{
+    size_t at = strlen(text);
+    if (at) {
+        if (at + 4 >= cap)
+            return;
+        memcpy(text + at, " < ", 4);
+        at += 3;
+    }
+    frame_text(text + at, cap - at, pc, s);
 }
 
 /* ---- ranking ------------------------------------------------------------------------------- */
@@ -102,10 +115,14 @@ static void site_json(struct al_buf *b, const struct al_site *st, double cycles_
         _al_buf_json_str(b, PAST_TABLE);
     static char text[TEXT_CAP];
     for (uint32_t f = 0; f < st->nframes; f++) {
-        frame_text(text, sizeof text, st->frames[f]);
-        if (f)
-            _al_buf_puts(b, ", ");
-        _al_buf_json_str(b, text);
+        struct al_symbol s;
+        _al_symbolize(st->frames[f], &s);
+        for (const struct al_symbol *in = &s; in; in = in->inlined_into) {
+            frame_text(text, sizeof text, st->frames[f], in);
+            if (f || in != &s)
+                _al_buf_puts(b, ", ");
+            _al_buf_json_str(b, text);
+        }
     }
     _al_buf_printf(b, "],\n        \"live_bytes_at_peak\": %.0f, \"live_bytes_at_exit\": %.0f, \"allocated_bytes\": %.0f, "
                    "\"allocated_objects\": %.0f, \"internal_fragmentation_bytes\": %.0f, \"count\": %llu,\n        \"lifetime_ns\": ",
@@ -207,20 +224,21 @@ static void sites_text(struct al_buf *b, const struct al_report *rep)
     if (why)
         _al_buf_printf(b, "             names from the dynamic symbol table only: %s\n", why);
     _al_buf_puts(b, "   live@peak    allocated   int. frag  site\n");
-    /* Three frames, as the CLI's rendering: the innermost alone is often the same function
-     * for many sites (an interpreter's object allocator, a container's growth). */
+    /* Three frames of the stack as the JSON lists it (inlined calls expanded), as the CLI's
+     * rendering: the innermost alone is often the same function for many sites (an
+     * interpreter's object allocator, a container's growth, a helper inlined everywhere). */
     static char text[TEXT_CAP];
     for (uint32_t i = 0; r && i < n && i < 10; i++) {
-        if (r[i] == &_al_sampler.unattributed)
-            snprintf(text, sizeof text, "%s", PAST_TABLE);
-        else
-            frame_text(text, sizeof text, r[i]->nframes ? r[i]->frames[0] : 0);
-        for (unsigned k = 1; k < r[i]->nframes && k < 3; k++) {
-            size_t at = strlen(text);
-            if (at + 4 >= sizeof text)
-                break;
-            memcpy(text + at, " < ", 4);
-            frame_text(text + at + 3, sizeof text - at - 3, r[i]->frames[k]);
+        bool past = r[i] == &_al_sampler.unattributed;
+        unsigned shown = past;
+        snprintf(text, sizeof text, "%s", past ? PAST_TABLE : "");
+        uint32_t nf = (past || r[i]->nframes) ? r[i]->nframes : 1; /* a site with no frame: 0x0 */
+        for (uint32_t k = 0; k < nf && shown < 3; k++) {
+            uintptr_t pc = r[i]->nframes ? r[i]->frames[k] : 0;
+            struct al_symbol s;
+            _al_symbolize(pc, &s);
+            for (const struct al_symbol *in = &s; in && shown < 3; in = in->inlined_into, shown++)
+                text_append(text, sizeof text, pc, in);
         }
         _al_buf_printf(b, "%12.0f %12.0f %11.0f  %s\n", r[i]->peak_live_bytes, r[i]->alloc_bytes, r[i]->frag_bytes, text);
     }

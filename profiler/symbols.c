@@ -1,7 +1,8 @@
 /* Names for the frames of the sampled sites, found after the run.
  *
- * Full names (function, file:line from debug information) come from alloclens-symbolize, a
- * program installed beside this library, run once per report for every frame at once: the
+ * Full names (function, file:line from debug information, and the functions the code at a
+ * frame was inlined into) come from alloclens-symbolize, a program installed beside this
+ * library, run once per report for every frame at once: the
  * debug information it reads (megabytes where libc6-dbg is installed) then never enters the
  * profiled process, nor comes from the allocator it measures. posix_spawn starts it without
  * the program's atfork handlers, signal handlers or signal mask, and without this library in
@@ -42,6 +43,8 @@ static struct {
     bool full;
     struct entry *e;       /* sorted by pc */
     size_t n, e_bytes;
+    struct al_symbol *inl; /* the functions that inlined calls were inlined into */
+    size_t inl_bytes;
     char *text;            /* the helper's output, its fields NUL-terminated in place */
     size_t text_bytes;
     char why[256];         /* why full names are missing; "" when they are not */
@@ -214,6 +217,20 @@ static char *field(char **s)
     return f[0] ? f : NULL;
 }
 
+/* A line of the answer into E; whether the next line is the function E's is inlined into. */
+static bool parse_line(char *line, struct al_symbol *e)
+{
+    e->function = field(&line);
+    e->file = field(&line);
+    char *ln = field(&line);
+    e->line = ln ? atoi(ln) : 0;
+    e->module = field(&line);
+    char *off = field(&line);
+    e->module_offset = off ? strtoull(off, NULL, 16) : 0;
+    char *inlined = field(&line);
+    return inlined && strcmp(inlined, "i") == 0;
+}
+
 static bool parse_answer(int fd)
 {
     struct stat st;
@@ -226,23 +243,35 @@ static bool parse_answer(int fd)
         return false;
     }
     char *line = sym.text, *end = sym.text + st.st_size;
-    size_t i = 0;
-    while (i < sym.n && line < end) {
+    /* The lines past one per address (and "end") are functions that inlined others. */
+    size_t lines = 0;
+    for (const char *c = line; (c = memchr(c, '\n', (size_t)(end - c))); c++)
+        lines++;
+    if (lines > sym.n + 1) {
+        sym.inl_bytes = (lines - sym.n - 1) * sizeof *sym.inl;
+        if (!(sym.inl = _al_mem_map(sym.inl_bytes)))
+            return false;
+    }
+    size_t i = 0, k = 0;
+    struct al_symbol *e = NULL;
+    bool inlined = false;
+    while (line < end) {
         char *nl = memchr(line, '\n', (size_t)(end - line));
         if (!nl)
             break;
+        if (inlined && k < sym.inl_bytes / sizeof *sym.inl) {
+            e->inlined_into = &sym.inl[k];
+            e = &sym.inl[k++];
+        } else if (!inlined && i < sym.n) {
+            e = &sym.e[i++].s;
+        } else {
+            break;
+        }
         *nl = '\0';
-        struct al_symbol *e = &sym.e[i++].s;
-        e->function = field(&line);
-        e->file = field(&line);
-        char *ln = field(&line);
-        e->line = ln ? atoi(ln) : 0;
-        e->module = field(&line);
-        char *off = field(&line);
-        e->module_offset = off ? strtoull(off, NULL, 16) : 0;
+        inlined = parse_line(line, e);
         line = nl + 1;
     }
-    return i == sym.n && end - line == 4 && memcmp(line, "end\n", 4) == 0;
+    return i == sym.n && !inlined && end - line == 4 && memcmp(line, "end\n", 4) == 0;
 }
 
 static void table_free(void)
@@ -250,9 +279,11 @@ static void table_free(void)
     if (sym.text)
         munmap(sym.text, sym.text_bytes);
     _al_mem_unmap(sym.e, sym.e_bytes);
+    _al_mem_unmap(sym.inl, sym.inl_bytes);
     sym.text = NULL;
     sym.e = NULL;
-    sym.n = sym.e_bytes = sym.text_bytes = 0;
+    sym.inl = NULL;
+    sym.n = sym.e_bytes = sym.text_bytes = sym.inl_bytes = 0;
 }
 
 /* FD moved above 2 (a program may have closed its standard streams): the helper's own 0 and 1

@@ -745,16 +745,24 @@ def check_long_name(tap, prog, tmp):
 
 
 def check_inlined(tap, prog, tmp):
-    """A call of malloc inlined from one function into another: the frame names the inlined
-    function, with its line (the name was the caller's, the line the inlined function's)."""
+    """A call of malloc in a function inlined into two callers: each stack reads the inlined
+    function with its line, then its own caller with the line of the inlined call, as
+    addr2line -i does (the frame was one, named after the inlined function: the callers were
+    lost, and the two sites could not be told apart; before that, the name was the caller's
+    and the line the inlined function's)."""
     proc, rep, truth, why = run([prog, "--inlined"], tmp, "inlined", extra=("--sample-rate", "1"))
     if not tap.ok(not why, "inlined: run completes, sites available", why):
         return
-    want = f"site_inlined_helper (.../sites_counts.c:{truth['line']})"
-    frames = [(r.get("stack") or [""])[0] for r in site_rows(rep)]
-    tap.ok(any(f.startswith("site_inlined_helper (") and f.endswith(f"sites_counts.c:{truth['line']})")
-               for f in frames),
-           f"inlined: the frame reads {want}", f"{[f for f in frames if 'site_inlined' in f]}")
+    src = r"\S*sites_counts\.c"
+    helper = rf"site_inlined_helper \({src}:{truth['line']}\)"
+    stacks = {num(r.get("allocated_bytes")): r.get("stack") or [] for r in site_rows(rep)}
+    for size, caller, line in ((1 << 20, "site_inlined_caller", truth["a"]),
+                               (2 << 20, "site_inlined_other_caller", truth["b"])):
+        stack = stacks.get(size, [])
+        tap.ok(len(stack) > 2 and re.fullmatch(helper, stack[0])
+               and re.fullmatch(rf"{caller} \({src}:{line}\)", stack[1]) and names(stack[2], "main"),
+               f"inlined: the {size >> 20} MiB site reads site_inlined_helper (sites_counts.c:{truth['line']}), "
+               f"{caller} (sites_counts.c:{line}), main", f"{stack[:4]}")
 
 
 def check_unloaded(tap, prog, plugins, tmp):

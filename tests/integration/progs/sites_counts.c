@@ -13,9 +13,12 @@
  *        sites_counts --long-name  one malloc of 1 MiB, live at exit, from a function whose
  *                                name is 1664 characters long (as C++ templates' names run):
  *                                named whole. Prints {"name":1664}
- *        sites_counts --inlined  one malloc of 1 MiB, live at exit, from a function inlined
- *                                into its caller: the frame names the inlined function with
- *                                its own line. Prints {"line":N}, that line
+ *        sites_counts --inlined  a malloc of 1 MiB from a function inlined into its caller,
+ *                                and one of 2 MiB from the same function inlined into
+ *                                another, both live at exit: each stack names the inlined
+ *                                function with its own line, then its caller with the line
+ *                                of the inlined call. Prints {"line":N,"a":A,"b":B}: the
+ *                                malloc's line and the two callers' lines of their calls
  *        sites_counts --unloaded A B [--remove]  loads library A (sites_plugin.c), mallocs
  *                                1 MiB from its site_plugin_a, unloads it (and with --remove
  *                                deletes its file), then loads B, most likely in its place,
@@ -111,9 +114,19 @@ static inline __attribute__((always_inline)) void *site_inlined_helper(size_t n,
     return malloc(n);
 }
 
-NOINL static void site_inlined_caller(int *line)
+NOINL static void site_inlined_caller(int *line, int *call)
 {
+    *call = __LINE__ + 1;
     sink = site_inlined_helper(1 << 20, line);
+    __asm__ volatile("");
+}
+
+static void *volatile sink_other;
+
+NOINL static void site_inlined_other_caller(int *line, int *call)
+{
+    *call = __LINE__ + 1;
+    sink_other = site_inlined_helper(2 << 20, line);
     __asm__ volatile("");
 }
 
@@ -143,10 +156,11 @@ int main(int argc, char **argv)
         return kept && sink ? 0 : 1;
     }
     if (argc > 1 && !strcmp(argv[1], "--inlined")) {
-        int line;
-        site_inlined_caller(&line);
-        printf("{\"line\":%d}\n", line);
-        return sink ? 0 : 1;
+        int line, a, b;
+        site_inlined_caller(&line, &a);
+        site_inlined_other_caller(&line, &b);
+        printf("{\"line\":%d,\"a\":%d,\"b\":%d}\n", line, a, b);
+        return sink && sink_other ? 0 : 1;
     }
     if (argc > 1 && !strcmp(argv[1], "--long-name")) {
         LONG_NAME();
