@@ -163,13 +163,14 @@ static void table_free(struct table *t)
 
 struct str_rec { const char *s; size_t n; };
 struct func_rec { uint64_t name, file; };
-struct loc_rec { uint64_t address; uint32_t mapping; uint32_t function; int64_t line; };
+struct line_rec { uint32_t function; int64_t line; };
+struct loc_rec { uint64_t address; uint32_t mapping; size_t first_line, nlines; }; /* its Lines in lines */
 struct map_stat { uint64_t locations, functions, files, lines; };
 
 struct pp {
     const struct al_pprof_profile *p;
     struct al_buf out, msg, pk;          /* the profile; one message; one packed field */
-    struct al_buf strs, funcs, locs, mstat;
+    struct al_buf strs, funcs, locs, lines, mstat;
     struct table tstr, tfunc, tloc;
     bool failed;
 };
@@ -249,6 +250,33 @@ static uint32_t function_id(struct pp *w, const char *name, const char *file)
     return (uint32_t)table_add(w, &w->tfunc, sl, &w->funcs, &r, sizeof r);
 }
 
+/* What code at ADDRESS was inlined into; NULL where it is not inlined code. */
+static const struct al_pprof_inlined *inlined_at(const struct al_pprof_profile *p, uint64_t address)
+{
+    if (!p->inlined)
+        return NULL;
+    size_t lo = 0, hi = p->ninlined;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->inlined[mid].address < address)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < p->ninlined && p->inlined[lo].address == address ? &p->inlined[lo] : NULL;
+}
+
+/* A Line of the location being recorded, for function FN (none where FN is NULL): how many. */
+static size_t add_line(struct pp *w, const char *fn, const char *file, int64_t line)
+{
+    if (!fn)
+        return 0;
+    struct line_rec r = { function_id(w, fn, file), line };
+    _al_buf_putn(&w->lines, (const char *)&r, sizeof r);
+    w->failed |= w->lines.failed;
+    return 1;
+}
+
 /* The id (1-based) of the Location of frame F, deduplicated by (address, mapping). */
 static uint64_t location_id(struct pp *w, const struct al_pprof_frame *f)
 {
@@ -263,9 +291,14 @@ static uint64_t location_id(struct pp *w, const struct al_pprof_frame *f)
         return v;
     /* The slot stays empty (v == 0) until the location is recorded: interning below may not
      * touch this table, so the pointer stays valid. */
-    struct loc_rec r = { .address = f->address, .mapping = mapping, .line = f->line };
-    if (f->function)
-        r.function = function_id(w, f->function, f->file);
+    struct loc_rec r = { .address = f->address, .mapping = mapping,
+                         .first_line = ARR_LEN(w->lines, struct line_rec) };
+    if (f->function) {
+        r.nlines += add_line(w, f->function, f->file, f->line);
+        const struct al_pprof_inlined *in = inlined_at(w->p, f->address);
+        for (uint32_t i = 0; in && i < in->nlines; i++)
+            r.nlines += add_line(w, in->lines[i].function, in->lines[i].file, in->lines[i].line);
+    }
     if (w->failed)
         return 0;
     if (!table_add(w, &w->tloc, sl, &w->locs, &r, sizeof r))
@@ -341,10 +374,11 @@ static void encode_locations(struct pp *w)
         pb_uint(&w->msg, LOCATION_ID, i + 1);
         pb_uint(&w->msg, LOCATION_MAPPING_ID, l->mapping);
         pb_uint(&w->msg, LOCATION_ADDRESS, l->address);
-        if (l->function) {
+        for (size_t k = 0; k < l->nlines; k++) { /* innermost first, as profile.proto has it */
+            const struct line_rec *lr = &ARR_AT(w->lines, struct line_rec, l->first_line + k);
             w->pk.len = 0; /* Line { function_id, line } */
-            pb_uint(&w->pk, LINE_FUNCTION_ID, l->function);
-            pb_uint(&w->pk, LINE_LINE, (uint64_t)l->line);
+            pb_uint(&w->pk, LINE_FUNCTION_ID, lr->function);
+            pb_uint(&w->pk, LINE_LINE, (uint64_t)lr->line);
             pb_sub(&w->msg, LOCATION_LINE, &w->pk);
         }
         pb_sub(&w->out, PROFILE_LOCATION, &w->msg);
@@ -400,7 +434,7 @@ static int encode(struct pp *w)
     encode_strings(w); /* last: every string is interned by now */
 
     if (w->failed || w->out.failed || w->msg.failed || w->pk.failed || w->strs.failed ||
-        w->funcs.failed || w->locs.failed)
+        w->funcs.failed || w->locs.failed || w->lines.failed)
         return -ENOMEM;
     return 0;
 }
@@ -413,6 +447,7 @@ static void pp_free(struct pp *w)
     _al_buf_free(&w->strs);
     _al_buf_free(&w->funcs);
     _al_buf_free(&w->locs);
+    _al_buf_free(&w->lines);
     _al_buf_free(&w->mstat);
     table_free(&w->tstr);
     table_free(&w->tfunc);
@@ -581,6 +616,9 @@ int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *er
         return fail(err, errcap, path, -ENOSYS, lib.why);
     for (uint32_t i = 0; i < p->nsamples; i++)
         if (p->samples[i].nframes && !p->samples[i].frames)
+            return fail(err, errcap, path, -EINVAL, "invalid profile");
+    for (uint32_t i = 0; p->inlined && i < p->ninlined; i++)
+        if (p->inlined[i].nlines && !p->inlined[i].lines)
             return fail(err, errcap, path, -EINVAL, "invalid profile");
 
     struct pp *w = _al_mem_map(sizeof *w);

@@ -18,10 +18,26 @@ struct al_pprof_mapping {
 
 struct al_pprof_frame {
     uint64_t address;
-    const char *function;      /* NULL when unknown */
+    const char *function;      /* NULL when unknown; in inlined code, the innermost inlined one */
     const char *file;          /* NULL when unknown */
     int64_t line;              /* 0 when unknown */
     uint32_t mapping;          /* 1-based index into mappings; 0 when unknown */
+};
+
+/* A function that the code at a frame's address was inlined into, with the line of that call. */
+struct al_pprof_line {
+    const char *function;      /* NULL when unknown: no Line is written for it */
+    const char *file;
+    int64_t line;
+};
+
+/* The functions a frame's function was inlined into at ADDRESS, out to the one the code was
+ * compiled into: its Location's Lines after the frame's own, innermost first, as profile.proto
+ * has them. Kept per address, as Locations are: a frame names its innermost function only. */
+struct al_pprof_inlined {
+    uint64_t address;
+    uint32_t nlines;
+    const struct al_pprof_line *lines;
 };
 
 struct al_pprof_sample {
@@ -37,6 +53,8 @@ struct al_pprof_profile {
     uint32_t nsamples;
     int64_t period;            /* the sampling rate in bytes */
     int64_t time_nanos, duration_nanos;
+    const struct al_pprof_inlined *inlined; /* sorted by address (repeats allowed); NULL: none */
+    uint32_t ninlined;
 };
 
 /* Opens zlib and libelf for the two below (once; whether they are there). Where a profile is

@@ -749,8 +749,11 @@ def check_inlined(tap, prog, tmp):
     function with its line, then its own caller with the line of the inlined call, as
     addr2line -i does (the frame was one, named after the inlined function: the callers were
     lost, and the two sites could not be told apart; before that, the name was the caller's
-    and the line the inlined function's)."""
-    proc, rep, truth, why = run([prog, "--inlined"], tmp, "inlined", extra=("--sample-rate", "1"))
+    and the line the inlined function's). The pprof profile has them as one Location with two
+    Lines, innermost first."""
+    pprof = os.path.join(tmp, "inlined.pb.gz")
+    proc, rep, truth, why = run([prog, "--inlined"], tmp, "inlined",
+                                extra=("--sample-rate", "1", "--pprof", pprof))
     if not tap.ok(not why, "inlined: run completes, sites available", why):
         return
     src = r"\S*sites_counts\.c"
@@ -763,6 +766,19 @@ def check_inlined(tap, prog, tmp):
                and re.fullmatch(rf"{caller} \({src}:{line}\)", stack[1]) and names(stack[2], "main"),
                f"inlined: the {size >> 20} MiB site reads site_inlined_helper (sites_counts.c:{truth['line']}), "
                f"{caller} (sites_counts.c:{line}), main", f"{stack[:4]}")
+    if shutil.which("go"):
+        env = dict(os.environ, HOME=tmp, PPROF_TMPDIR=tmp)
+        out = subprocess.run(["go", "tool", "pprof", "-raw", pprof], capture_output=True, text=True,
+                             env=env, cwd=tmp).stdout
+        locs = [rf"\d+: 0x[0-9a-f]+ M=\d+ site_inlined_helper {src}:{truth['line']} s=0\n"
+                rf"\s+{caller} {src}:{line} s=0\n\s+\d+: "
+                for caller, line in (("site_inlined_caller", truth["a"]),
+                                     ("site_inlined_other_caller", truth["b"]))]
+        tap.ok(all(re.search(loc, out) for loc in locs),
+               "inlined: in the pprof profile, each caller's Location has two Lines, "
+               "site_inlined_helper's then the caller's", out[-3000:])
+    else:
+        tap.skip("inlined: the pprof profile's Locations have a Line per function", "no `go` on PATH")
 
 
 def check_unloaded(tap, prog, plugins, tmp):
