@@ -42,7 +42,8 @@ given build on a given libc passes or fails every time; a false alarm would show
 ratio just outside the band with the mean checks all passing.
 
 The pagemap program and the --mode check use their own programs (see progs/sites_pagemap.c,
-progs/sites_counts.c). meson test sets MALLOC_PERTURB_, which makes glibc write every byte it
+progs/sites_counts.c); the Rust check builds one at test time (RUST_SOURCE), where rustc is on
+PATH. meson test sets MALLOC_PERTURB_, which makes glibc write every byte it
 hands out; the runs here leave it out, so the pages a program touches are its own doing.
 """
 import gzip
@@ -781,6 +782,61 @@ def check_inlined(tap, prog, tmp):
         tap.skip("inlined: the pprof profile's Locations have a Line per function", "no `go` on PATH")
 
 
+# A Rust program built at test time: allocations from a function kept out of line and from a
+# closure, both under Rust's name mangling (legacy, and v0 in the standard library's newer
+# symbols).
+RUST_SOURCE = """
+use std::hint::black_box;
+
+#[inline(never)]
+fn site_rust_named(n: usize) -> Vec<u8> {
+    vec![1u8; n]
+}
+
+fn main() {
+    let named = site_rust_named(black_box(1 << 20));
+    let make = |n: usize| -> Vec<u64> { (0..n as u64).map(|i| i * 3).collect() };
+    let made = black_box(make)(black_box(1 << 18));
+    println!("{{\\"named\\":{},\\"made\\":{}}}", named.len(), made.len() * 8);
+}
+"""
+MANGLED = re.compile(r"_ZN|\$LT\$|\$GT\$|\$u[0-9a-f]{2}\$|::h[0-9a-f]{16}\b|^_R[A-Za-z0-9_]")
+
+
+def check_rust(tap, tmp):
+    """Rust frames read as demangled Rust paths (legacy symbols were left half-demangled as C++,
+    with their hash; v0 symbols not at all), and a closure's frame is the closure's (it was the
+    function the closure was inlined into, with the closure's line)."""
+    desc = "rust: frames read as demangled Rust paths, the named function's and the closure's"
+    rustc = shutil.which("rustc")
+    if not rustc:
+        tap.skip(desc, "no rustc on PATH")
+        return
+    src = os.path.join(tmp, "sites_rust.rs")
+    with open(src, "w") as f:
+        f.write(RUST_SOURCE)
+    exe = os.path.join(tmp, "sites_rust")
+    built = subprocess.run([rustc, "-g", "-O", "-o", exe, src], capture_output=True, text=True,
+                           timeout=300, cwd=tmp)
+    if not tap.ok(built.returncode == 0, "rust: the test program builds (rustc -g -O)", built.stderr[-2000:]):
+        return
+    proc, rep, truth, why = run([exe], tmp, "rust", extra=("--sample-rate", "1"))
+    if not tap.ok(not why, "rust: run completes, sites available", why):
+        return
+    sites = rep["sites"]
+    rows = site_rows(rep)
+    frames = [frame_function(f) for r in rows for f in r.get("stack") or []]
+    mangled = sorted({f for f in frames if MANGLED.search(f)})
+    named = [r["stack"] for r in rows if any(frame_function(f) == "sites_rust::site_rust_named" for f in r["stack"])]
+    closure = [r["stack"] for r in rows
+               if any(re.fullmatch(r"sites_rust::main::\{\{closure\}\} \(\S*sites_rust\.rs:\d+\)", f)
+                      for f in r["stack"])]
+    tap.ok(sites.get("symbols") == "debug information" and not mangled and named and closure,
+           desc + " (sites_rust::site_rust_named, sites_rust::main::{{closure}} (sites_rust.rs:N))",
+           f"symbols: {sites.get('symbols')} {sites.get('symbols_reason')}\nmangled: {mangled[:10]}\n"
+           f"named: {named[:1]}\nclosure: {closure[:1]}\n" + show_rows(rep))
+
+
 def check_unloaded(tap, prog, plugins, tmp):
     """A library unloaded before exit, another loaded (most likely where it was): each frame is
     named after its own library's function, in JSON and pprof (the first was named after the
@@ -964,6 +1020,7 @@ def main():
     check_many_sites(tap, counts, tmp)
     check_long_name(tap, counts, tmp)
     check_inlined(tap, counts, tmp)
+    check_rust(tap, tmp)
     check_unloaded(tap, counts, plugins, tmp)
     check_pprof(tap, stats, tmp)
     if not tap.failed:
