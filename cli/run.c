@@ -202,25 +202,59 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd, con
     return e == ENOENT ? 127 : 126;
 }
 
-/* Two reports asked into one file would leave only the one written last: said at once. The
- * paths are absolute by now (set_value); a file that is there is also compared by identity,
- * so that another name of it (a link) is seen too. Devices and FIFOs may take both. */
-static int same_report_paths(void)
+/* Whether the report paths X and Y (absolute) are one file. A file that is there is compared
+ * by identity, so that another name of it (a link) is seen too; one not made yet by its
+ * directory's identity and its own name, so that "d/../r.json" or a linked directory is seen
+ * as well. Devices and FIFOs may take both. */
+static bool same_report_file(const char *x, const char *y)
+{
+    struct stat sx, sy;
+    bool x_there = stat(x, &sx) == 0, y_there = stat(y, &sy) == 0;
+    if ((x_there && !S_ISREG(sx.st_mode)) || (y_there && !S_ISREG(sy.st_mode)))
+        return false;
+    if (strcmp(x, y) == 0)
+        return true;
+    if (x_there && y_there)
+        return sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
+    const char *xn = strrchr(x, '/') + 1, *yn = strrchr(y, '/') + 1;
+    if (strcmp(xn, yn) != 0)
+        return false;
+    char dx[PATH_MAX], dy[PATH_MAX];
+    snprintf(dx, sizeof dx, "%.*s/", (int)(xn - x), x);
+    snprintf(dy, sizeof dy, "%.*s/", (int)(yn - y), y);
+    return stat(dx, &sx) == 0 && stat(dy, &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
+}
+
+/* Two reports asked into one file would leave only the one written last: said at once, naming
+ * each by its flag or, where GIVEN has no value for it, by the variable it was inherited in. An
+ * inherited value may be relative (set_value makes only the flags' absolute): it is taken from
+ * here, as the profiled process will take it. */
+static int same_report_paths(const char *const given[AL_OPT_N])
 {
     static const enum al_opt_id ids[] = { AL_OPT_OUTPUT, AL_OPT_TEXT, AL_OPT_PPROF };
     const size_t n = sizeof ids / sizeof ids[0];
+    char abs[3][PATH_MAX];
+    const char *path[3];
+    for (size_t a = 0; a < n; a++) {
+        const char *v = getenv(_al_options[ids[a]].env);
+        path[a] = NULL;
+        /* '' (not written), '-' (stderr) and 'off' are not paths. */
+        if (v && v[0] && strcmp(v, "-") && strcmp(v, "off") &&
+            _al_path_absolute(v, abs[a], sizeof abs[a]) == 0)
+            path[a] = abs[a];
+    }
     for (size_t a = 0; a < n; a++) {
         for (size_t b = a + 1; b < n; b++) {
-            const char *x = getenv(_al_options[ids[a]].env), *y = getenv(_al_options[ids[b]].env);
-            if (!x || !y || x[0] != '/' || y[0] != '/')
-                continue;
-            struct stat sx, sy;
-            bool there = stat(x, &sx) == 0 && stat(y, &sy) == 0;
-            if (there && !S_ISREG(sx.st_mode))
-                continue;
-            if (strcmp(x, y) == 0 || (there && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino)) {
-                fprintf(stderr, "alloclens: --%s and --%s name the same file (%s): one report would "
-                        "overwrite the other\n", _al_options[ids[a]].name, _al_options[ids[b]].name, y);
+            if (path[a] && path[b] && same_report_file(path[a], path[b])) {
+                char name[2][64], shown[PATH_MAX];
+                for (int k = 0; k < 2; k++) {
+                    const struct al_option *o = &_al_options[ids[k ? b : a]];
+                    snprintf(name[k], sizeof name[k], given[o - _al_options] ? "--%s" : "%s",
+                             given[o - _al_options] ? o->name : o->env);
+                }
+                fprintf(stderr, "alloclens: %s and %s name the same file (%s): one report would "
+                        "overwrite the other\n", name[0], name[1],
+                        _al_cli_escaped(path[b], shown, sizeof shown));
                 return -1;
             }
         }
@@ -310,7 +344,7 @@ int _al_cli_cmd_run(int argc, char **argv)
         fprintf(stderr, "alloclens: no command to run (usage: alloclens run [options] -- CMD [ARGS...])\n");
         return 2;
     }
-    if (same_report_paths() < 0)
+    if (same_report_paths(given) < 0)
         return 2;
     struct al_found_allocator alloc;
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0)

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "profiler.h"
@@ -199,6 +200,30 @@ static const char *path_setting(struct al_settings *s, enum al_opt_id id)
     return s->strings + at;
 }
 
+/* Whether the report paths X and Y (as path_setting leaves them) are one file. A file that is
+ * there is compared by identity, so that another name of it (a link) is seen too; one not made
+ * yet by its directory's identity and its own name ("d/../r.json", a linked directory). Devices
+ * and FIFOs may take both. 'alloclens run' refuses the same pairs before anything runs. */
+static bool same_report_file(const char *x, const char *y)
+{
+    struct stat sx, sy;
+    bool x_there = stat(x, &sx) == 0, y_there = stat(y, &sy) == 0;
+    if ((x_there && !S_ISREG(sx.st_mode)) || (y_there && !S_ISREG(sy.st_mode)))
+        return false;
+    if (strcmp(x, y) == 0)
+        return true;
+    if (x_there && y_there)
+        return sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
+    const char *xs = strrchr(x, '/'), *ys = strrchr(y, '/');
+    const char *xn = xs ? xs + 1 : x, *yn = ys ? ys + 1 : y;
+    if (strcmp(xn, yn) != 0)
+        return false;
+    char dx[AL_SETTING_STRING_MAX + 2], dy[AL_SETTING_STRING_MAX + 2];
+    snprintf(dx, sizeof dx, "%.*s./", (int)(xn - x), x);
+    snprintf(dy, sizeof dy, "%.*s./", (int)(yn - y), y);
+    return stat(dx, &sx) == 0 && stat(dy, &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
+}
+
 static const char *const mode_names[AL_MODE_COUNT] = { "full", "time", "sample" };
 
 const char *_al_mode_name(unsigned mode)
@@ -225,15 +250,25 @@ void _al_settings_load(struct al_settings *s)
     s->text = path_setting(s, AL_OPT_TEXT);
     if (s->text && strcmp(s->text, "off") == 0)
         s->text = NULL;
-    if (s->text && s->output && strcmp(s->text, s->output) == 0) {
+    if (s->text && s->output && strcmp(s->text, "-") && same_report_file(s->text, s->output)) {
         settings_log("%s and %s name the same file (%s): the text report goes to stderr instead",
-                     _al_options[AL_OPT_TEXT].env, _al_options[AL_OPT_OUTPUT].env, s->output);
+                     _al_options[AL_OPT_TEXT].env, _al_options[AL_OPT_OUTPUT].env, s->text);
         s->text = "-";
     }
     s->large_threshold = (uint64_t)num_setting(AL_OPT_LARGE_THRESHOLD, &s->large_threshold_set);
     s->config = str_setting(s, AL_OPT_CONFIG, AL_SETTING_STRING_MAX);
     s->allocator = str_setting(s, AL_OPT_ALLOCATOR, AL_SETTING_STRING_MAX);
     s->pprof = path_setting(s, AL_OPT_PPROF);
+    /* As the text above: the one read later gives way, here the profile. */
+    for (int i = 0; i < 2 && s->pprof; i++) {
+        const char *other = i == 0 ? s->output : s->text;
+        if (other && strcmp(other, "-") && same_report_file(s->pprof, other)) {
+            settings_log("%s and %s name the same file (%s): no pprof profile is written",
+                         _al_options[AL_OPT_PPROF].env, _al_options[i == 0 ? AL_OPT_OUTPUT : AL_OPT_TEXT].env,
+                         s->pprof);
+            s->pprof = NULL;
+        }
+    }
     s->sample_rate = (uint64_t)num_setting(AL_OPT_SAMPLE_RATE, &given);
     s->events = str_setting(s, AL_OPT_EVENTS, AL_SETTING_EVENTS_MAX);
     s->sample_every = (unsigned)num_setting(AL_OPT_SAMPLE_EVERY, &given);

@@ -382,6 +382,65 @@ def test_unwritable_paths(tap):
            f"{len(got[0]) if got else 'no'} bytes read\n{show(p)}")
 
 
+def test_same_report_file(tap):
+    """(b) two of the reports (-o, --text, --pprof) asked into one file, by any of its names: the
+    CLI refuses before running anything, the library writes the first and says one line."""
+    tmp = tmpdir()
+    os.mkdir(os.path.join(tmp, "sub"))
+    os.symlink("sub", os.path.join(tmp, "link"))
+    with open(os.path.join(tmp, "made.json"), "w"):
+        pass
+    os.link(os.path.join(tmp, "made.json"), os.path.join(tmp, "hard.json"))
+    marker = os.path.join(tmp, "ran")
+    touch = ["sh", "-c", f"touch {marker}"]
+    for desc, args, env, must in [
+            ("alloclens run -o pp.json, ALLOCLENS_PPROF=pp.json (relative) inherited",
+             ["-o", "pp.json"], {"ALLOCLENS_PPROF": "pp.json"}, ("--output", "ALLOCLENS_PPROF")),
+            ("alloclens run --text t.txt --pprof sub/../t.txt",
+             ["--text", "t.txt", "--pprof", "sub/../t.txt"], {}, ("--text", "--pprof")),
+            ("alloclens run -o link/r.json --pprof sub/r.json (a linked directory)",
+             ["-o", "link/r.json", "--pprof", "sub/r.json"], {}, ("--output", "--pprof")),
+            ("alloclens run -o made.json --text hard.json (a hard link of it)",
+             ["-o", "made.json", "--text", "hard.json"], {}, ("--output", "--text")),
+            ("alloclens run --pprof p.out, ALLOCLENS_TEXT=./p.out and ALLOCLENS_OUTPUT=r.json inherited",
+             ["--pprof", "p.out"], {"ALLOCLENS_TEXT": "./p.out", "ALLOCLENS_OUTPUT": "r.json"},
+             ("ALLOCLENS_TEXT", "--pprof"))]:
+        if os.path.exists(marker):
+            os.remove(marker)
+        p = run([altest.cli(), "run", *args, "--", *touch], env=clean_env(**env), cwd=tmp)
+        one_line(tap, desc, p, *must, status=2)
+        tap.ok(not os.path.exists(marker), f"{desc}: the command is not run", show(p))
+    desc = "alloclens run -o r.json --pprof r.pprof (two files)"
+    p = run([altest.cli(), "run", "--text", "off", "-o", "r.json", "--pprof", "r.pprof", "--", LEAF, "0", "100"],
+            cwd=tmp)
+    tap.ok(p is not None and p.returncode == 0 and load(os.path.join(tmp, "r.json")) is not None
+           and os.path.getsize(os.path.join(tmp, "r.pprof")) > 0, f"{desc}: both written", show(p))
+
+    # Direct use: the one read first is written, the later one left out with one line.
+    for desc, env, first in [
+            ("ALLOCLENS_OUTPUT=q.json and ALLOCLENS_PPROF=q.json (relative)",
+             {"ALLOCLENS_OUTPUT": "q.json", "ALLOCLENS_PPROF": "q.json", "ALLOCLENS_TEXT": "off"}, "json"),
+            ("ALLOCLENS_TEXT=t.txt and ALLOCLENS_PPROF=./t.txt",
+             {"ALLOCLENS_TEXT": "t.txt", "ALLOCLENS_PPROF": "./t.txt"}, "text"),
+            ("ALLOCLENS_OUTPUT=r.json and ALLOCLENS_TEXT=sub/../r.json",
+             {"ALLOCLENS_OUTPUT": "r.json", "ALLOCLENS_TEXT": "sub/../r.json"}, "json")]:
+        sub = tmpdir()
+        os.mkdir(os.path.join(sub, "sub"))
+        names = [k for k in env if env[k] != "off"]
+        plain, prof = direct(sub, [LEAF, "0", "100"], **env)
+        same_as_plain(tap, desc, plain, prof)
+        said = [l for l in lines(prof.stderr if prof else "") if l.startswith("alloclens[")]
+        tap.ok(len(said) == 1 and all(n in said[0] for n in names),
+               f"{desc}: one line naming both", show(prof))
+        path = os.path.join(sub, env[names[0]])
+        if first == "json":
+            kept = load(path) is not None
+        else:
+            with open(path, "rb") as f:
+                kept = b"== alloclens report" in f.read()  # text, not gzip
+        tap.ok(kept, f"{desc}: the {first} report intact in the file", show(prof))
+
+
 def test_stderr_pipe_closed(tap):
     """The text report on a stderr whose reader is gone: the write fails quietly; the program's
     exit status and output are its own, and the JSON report is still written."""
@@ -999,6 +1058,7 @@ def main():
     tap.ok(p is not None and p.returncode == 0, "first run (probe) exits 0", show(p))
     test_bad_variables(tap)
     test_unwritable_paths(tap)
+    test_same_report_file(tap)
     test_stderr_pipe_closed(tap)
     test_stderr_replaced(tap)
     test_file_size_limit(tap)
