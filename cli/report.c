@@ -8,6 +8,7 @@
 #include <json-c/json.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +44,27 @@ static void element(struct out *o, const char *open, const char *s, const char *
     fputs(close, o->f);
 }
 
+/* S as text, WIDTH wide (printf's: negative is left-aligned), its control characters written
+ * as C escapes: a report's strings come from a file anyone can write, and a newline, tab or ESC
+ * in one (an argument of the program, a crafted report) would split its line or reach the
+ * terminal as a command. */
+static void text(struct out *o, int width, const char *s)
+{
+    size_t cap = 4 * strlen(s) + 1; /* \xHH: four bytes for one */
+    char *shown = malloc(cap);
+    fprintf(o->f, "%*s", width, shown ? _al_cli_escaped(s, shown, cap) : "(out of memory)");
+    free(shown);
+}
+
 static void heading(struct out *o, const char *s)
 {
-    if (o->html)
+    if (o->html) {
         element(o, "<h2>", s, "</h2>\n");
-    else
-        fprintf(o->f, "\n== %s\n", s);
+    } else {
+        fputs("\n== ", o->f);
+        text(o, 0, s);
+        fputc('\n', o->f);
+    }
 }
 
 /* The printf-style arguments after FMT, into the array BUF. */
@@ -68,7 +84,10 @@ static void __attribute__((format(printf, 3, 4))) kv(struct out *o, const char *
         element(o, "<tr><th>", key, "</th>");
         element(o, "<td>", v, "</td></tr>\n");
     } else {
-        fprintf(o->f, "%-14s %s\n", key, v);
+        text(o, -14, key);
+        fputc(' ', o->f);
+        text(o, 0, v);
+        fputc('\n', o->f);
     }
 }
 
@@ -88,10 +107,12 @@ static void __attribute__((format(printf, 2, 3))) note(struct out *o, const char
 {
     char v[1024];
     FORMAT(v, fmt);
-    if (o->html)
+    if (o->html) {
         element(o, "<p>", v, "</p>\n");
-    else
-        fprintf(o->f, "%s\n", v);
+    } else {
+        text(o, 0, v);
+        fputc('\n', o->f);
+    }
 }
 
 /* A table of N columns: HEADS, and each column's text width (negative: left-aligned). */
@@ -102,10 +123,12 @@ static void table(struct out *o, int n, const char *const *heads, const int *wid
     if (o->html)
         fputs("<table>\n<tr>", o->f);
     for (int i = 0; i < n; i++) {
-        if (o->html)
+        if (o->html) {
             element(o, "<th>", heads[i], "</th>");
-        else
-            fprintf(o->f, "%s%*s", i ? " " : "", width[i], heads[i]);
+        } else {
+            fputs(i ? " " : "", o->f);
+            text(o, width[i], heads[i]);
+        }
     }
     fputs(o->html ? "</tr>\n" : "\n", o->f);
 }
@@ -115,10 +138,12 @@ static void row(struct out *o, const char *const *cells)
     if (o->html)
         fputs("<tr>", o->f);
     for (int i = 0; i < o->ncols; i++) {
-        if (o->html)
+        if (o->html) {
             element(o, o->width[i] < 0 ? "<td>" : "<td class=\"n\">", cells[i], "</td>");
-        else
-            fprintf(o->f, "%s%*s", i ? " " : "", o->width[i], cells[i]);
+        } else {
+            fputs(i ? " " : "", o->f);
+            text(o, o->width[i], cells[i]);
+        }
     }
     fputs(o->html ? "</tr>\n" : "\n", o->f);
 }
@@ -152,22 +177,103 @@ static bool section(struct out *o, const char *title, json_object *sec)
     return false;
 }
 
+/* Bytes a shell takes as they are, outside quotes. */
+static bool shell_plain(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && strchr("@%+=:,./_-", c));
+}
+
+/* The length of the well-formed UTF-8 sequence at P, whose first byte is 0x80 or more; 0 where
+ * it is none (a stray byte, overlong, a surrogate, past U+10FFFF, cut short). */
+static size_t utf8_len(const unsigned char *p)
+{
+    size_t n;
+    uint32_t cp, min;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf)
+        n = 2, cp = p[0] & 0x1f, min = 0x80;
+    else if (p[0] >= 0xe0 && p[0] <= 0xef)
+        n = 3, cp = p[0] & 0x0f, min = 0x800;
+    else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+        n = 4, cp = p[0] & 0x07, min = 0x10000;
+    else
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) /* the string's NUL included */
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : n;
+}
+
+/* S written to F as one shell word, as the report the program wrote shows it (profiler/buf.c,
+ * which this command does not link): as it is where a shell takes it so, else in $'...' with
+ * \\, \', \n, \t and \xHH for the other control bytes and for bytes that are no UTF-8. A copy
+ * of the command line that one can paste. */
+static void shell_word(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    bool plain = *p;
+    for (size_t i = 0, u; p[i] && plain; i += u ? u : 1) {
+        u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
+        plain = shell_plain(p[i]) || u;
+    }
+    if (plain) {
+        fputs(s, f);
+        return;
+    }
+    fputs("$'", f);
+    for (size_t i = 0; p[i]; i++) {
+        size_t u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
+        if (u) {
+            fwrite(s + i, 1, u, f);
+            i += u - 1;
+        } else if (p[i] == '\\' || p[i] == '\'') {
+            fprintf(f, "\\%c", p[i]);
+        } else if (p[i] == '\n' || p[i] == '\t') {
+            fputs(p[i] == '\n' ? "\\n" : "\\t", f);
+        } else if (p[i] < 0x20 || p[i] >= 0x7f) {
+            fprintf(f, "\\x%02x", p[i]);
+        } else {
+            fputc(p[i], f);
+        }
+    }
+    fputc('\'', f);
+}
+
 static void run_section(struct out *o, json_object *r)
 {
     json_object *prog = _al_cli_get(r, "program"), *alloc = _al_cli_get(r, "allocator");
     json_object *th = _al_cli_get(r, "threads");
-    char argv[1024] = "";
-    size_t at = 0;
+    char *title = NULL;
+    size_t len = 0;
+    FILE *t = open_memstream(&title, &len);
+    if (!t) {
+        fprintf(stderr, "alloclens: out of memory\n");
+        return;
+    }
+    fprintf(t, "alloclens report, pid %.0f:", _al_cli_num(prog, "pid"));
+    /* Cut after about 4000 bytes of arguments, and said to be: as the program's own report. */
     json_object *args = _al_cli_get(prog, "argv");
-    for (size_t i = 0; i < _al_cli_len(args) && at < sizeof argv - 1; i++)
-        at += (size_t)snprintf(argv + at, sizeof argv - at, "%s%s", i ? " " : "",
-                               _al_cli_text(json_object_array_get_idx(args, i)));
-    char title[1200];
-    snprintf(title, sizeof title, "alloclens report, pid %.0f: %s", _al_cli_num(prog, "pid"), argv);
-    if (o->html)
+    size_t i = 0;
+    for (; i < _al_cli_len(args) && ftell(t) <= 4000; i++) {
+        fputc(' ', t);
+        shell_word(t, _al_cli_text(json_object_array_get_idx(args, i)));
+    }
+    fputs(i < _al_cli_len(args) ? " ... (cut)" : "", t);
+    if (fclose(t) != 0) {
+        fprintf(stderr, "alloclens: out of memory\n");
+        free(title);
+        return;
+    }
+    if (o->html) {
         element(o, "<h1>", title, "</h1>\n");
-    else
-        fprintf(o->f, "== %s\n", title);
+    } else {
+        fputs("== ", o->f);
+        text(o, 0, title);
+        fputc('\n', o->f);
+    }
+    free(title);
     kv_begin(o);
     kv(o, "allocator", "%s %s (%s)", _al_cli_str(alloc, "name"), _al_cli_str(alloc, "version"),
        _al_cli_str(alloc, "path"));

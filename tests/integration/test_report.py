@@ -152,8 +152,48 @@ def main():
     p = report([os.path.join(tmp, "odd.json"), "--html", "-"], tmp)
     page = Tables()
     page.feed(p.stdout)
-    tap.ok(p.returncode == 0 and page.h1 and page.h1[0].endswith(odd) and odd not in p.stdout,
+    tap.ok(p.returncode == 0 and page.h1 and page.h1[0].endswith(f"$'{odd}'") and odd not in p.stdout,
            "html: the program's arguments are escaped", f"h1 {page.h1}")
+
+    # Text mode: the arguments as shell words, as the program's own text report shows them, and
+    # no control character of a report's strings reaches the terminal as it is.
+    args = ["two\nlines", "a\ttab", "\x1b[31mred", "x\x01y", "it's", "sp ace", "plain"]
+    altest.run("glibc", [sys.executable, "-c", "pass", *args], tmp, name="ctl")
+    p = report([os.path.join(tmp, "ctl.json")], tmp)
+    with open(os.path.join(tmp, "ctl.txt")) as f:
+        own = next((l for l in f.read().splitlines() if l.startswith("== alloclens report")), None)
+    first = p.stdout.splitlines()[:1]
+    tap.ok(p.returncode == 0 and own is not None and first == [own]
+           and own.endswith(" $'two\\nlines' $'a\\ttab' $'\\x1b[31mred' $'x\\x01y' $'it\\'s' $'sp ace' plain"),
+           "text: the arguments as shell words, the line the program's own report begins with",
+           f"report: {first}\nprogram's own: {own!r}")
+
+    def controls(text):
+        return sorted({c for c in text if (ord(c) < 0x20 and c != "\n") or ord(c) == 0x7f})
+
+    crafted = json.loads(json.dumps(rep))
+    bad = "\x1b[2J\x01\nnext\tline"
+    crafted["allocator"].update(name="glibc" + bad, version=bad, path=bad, style=bad)
+    crafted["mode"] = bad
+    crafted["ops"][0]["op"] = bad
+    crafted["memory"]["heap_source"] = bad
+    crafted["sites"]["top"][0]["stack"][0] = bad
+    crafted["sites"]["symbols"] = bad
+    crafted["counters"] = dict(rep.get("counters") or {}, available=True, source=bad,
+                               counted_ops={bad: 1, "malloc": 2},
+                               events=[{"name": bad, "per_op": {bad: 1.0, "malloc": 2.0}}])
+    crafted["syscalls"] = [{"name": bad, "count": 1, "ns_total": 2}]
+    crafted["syscalls_info"] = dict(rep["syscalls_info"], available=True)
+    crafted["locks"] = {"available": False, "reason": bad}
+    with open(os.path.join(tmp, "crafted.json"), "w") as f:
+        json.dump(crafted, f)
+    p = subprocess.run([altest.cli(), "report", os.path.join(tmp, "crafted.json")], capture_output=True,
+                       cwd=tmp, timeout=60)
+    out = p.stdout.decode(errors="replace")
+    tap.ok(p.returncode == 0 and not controls(out) and out.count("\\x1b[2J\\x01\\nnext\\tline") >= 12,
+           "text: a crafted report's control characters (ESC, \\x01, newline, tab) written as escapes "
+           "in every key-value line, note, table head, cell and stack frame",
+           f"status {p.returncode}; raw controls {controls(out)}\n{out[:3000]}")
 
     # A section the report marks unavailable says so, with its reason.
     proc, rep3 = altest.run("glibc", [prog, "--scale", "0", "--threads", "1"], tmp, name="time",
