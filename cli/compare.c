@@ -165,7 +165,8 @@ static bool read_report(const char *path, struct compared *c, double m[M_N], cha
         m[M_EXTERNAL] = _al_cli_num(peak, "external_fragmentation_bytes");
     }
     json_object *sys = _al_cli_get(r, "syscalls");
-    if (sys && json_object_get_type(sys) == json_type_array) {
+    /* None counted (--mode sample, no syscall user dispatch) is no figure, not 0 calls. */
+    if (sys && json_object_get_type(sys) == json_type_array && _al_cli_available(_al_cli_get(r, "syscalls_info"))) {
         double n = 0;
         for (size_t i = 0; i < _al_cli_len(sys); i++)
             n += _al_cli_num(json_object_array_get_idx(sys, i), "count");
@@ -395,12 +396,16 @@ static void print_switching(struct compared *cs, int n)
         char d[32];
         double dt = c->median[M_ALLOC_NS] - b->median[M_ALLOC_NS];
         format(d, sizeof d, dt, 't');
-        printf("  to %s: %s%s in the allocator", c->label, dt > 0 ? "+" : "", d);
-        if (b->median[M_ALLOC_NS] > 0)
-            printf(" (%+.1f%%)", 100 * dt / b->median[M_ALLOC_NS]);
-        double noise = fmax(b->spread[M_ALLOC_NS], c->spread[M_ALLOC_NS]) * b->median[M_ALLOC_NS];
-        if (fabs(dt) <= noise)
-            printf(" [within the spread: noise]");
+        if (isnan(dt)) { /* a run that timed no call: --mode sample */
+            printf("  to %s: time in the allocator n/a (not timed)", c->label);
+        } else {
+            printf("  to %s: %s%s in the allocator", c->label, dt > 0 ? "+" : "", d);
+            if (b->median[M_ALLOC_NS] > 0)
+                printf(" (%+.1f%%)", 100 * dt / b->median[M_ALLOC_NS]);
+            double noise = fmax(b->spread[M_ALLOC_NS], c->spread[M_ALLOC_NS]) * b->median[M_ALLOC_NS];
+            if (fabs(dt) <= noise)
+                printf(" [within the spread: noise]");
+        }
         double dh = c->median[M_HEAP] - b->median[M_HEAP];
         if (!isnan(dh)) {
             format(d, sizeof d, dh, 'b');

@@ -293,6 +293,10 @@ static void run_section(struct out *o, json_object *r)
     if (!isnan(in_alloc))
         kv(o, "in allocator", "%.3f ms, all threads (%.1f%% of runtime)", in_alloc / 1e6,
            runtime > 0 ? 100 * in_alloc / runtime : 0);
+    else if (*_al_cli_str(r, "allocator_time_reason")) /* null: not measured, and why */
+        kv(o, "in allocator", "not timed: %s", _al_cli_str(r, "allocator_time_reason"));
+    else
+        kv(o, "in allocator", "not in the report");
     json_object *prof = _al_cli_get(r, "profiler");
     char mapped[32], shadow[32], peak[32];
     _al_cli_bytes(mapped, sizeof mapped, _al_cli_num(prof, "mapped_bytes"));

@@ -94,14 +94,23 @@ static void ops(struct al_buf *b, const struct al_report *r)
         _al_report_row(r, i, &s);
         _al_buf_printf(b,
             "%s\n    { \"op\": \"%s\", \"size_class\": \"%s\", \"reuse\": \"%s\", \"phase\": \"%s\", "
-            "\"count\": %llu, \"timed\": %llu, \"cycles_total\": %llu, \"cycles_mean\": %.1f, "
+            "\"count\": %llu, \"timed\": %llu, ",
+            first ? "" : ",", s.op, s.size_class, s.reuse, s.phase, (unsigned long long)row->count,
+            (unsigned long long)row->timed);
+        first = false;
+        if (!_al_hot.timed) { /* --mode sample: not measured, rather than a time of 0 */
+            _al_buf_puts(b, "\"cycles_total\": null, \"cycles_mean\": null, \"cycles_p50\": null, "
+                            "\"cycles_p99\": null, \"cycles_p999\": null, \"ns_mean\": null, "
+                            "\"ns_p50\": null, \"ns_p99\": null, \"ns_p999\": null }");
+            continue;
+        }
+        _al_buf_printf(b,
+            "\"cycles_total\": %llu, \"cycles_mean\": %.1f, "
             "\"cycles_p50\": %llu, \"cycles_p99\": %llu, \"cycles_p999\": %llu, "
             "\"ns_mean\": %.1f, \"ns_p50\": %.1f, \"ns_p99\": %.1f, \"ns_p999\": %.1f }",
-            first ? "" : ",", s.op, s.size_class, s.reuse, s.phase, (unsigned long long)row->count,
-            (unsigned long long)row->timed, (unsigned long long)row->cycles, s.mean, (unsigned long long)s.p50,
+            (unsigned long long)row->cycles, s.mean, (unsigned long long)s.p50,
             (unsigned long long)s.p99, (unsigned long long)s.p999, _al_report_ns(r, s.mean),
             _al_report_ns(r, (double)s.p50), _al_report_ns(r, (double)s.p99), _al_report_ns(r, (double)s.p999));
-        first = false;
     }
     _al_buf_puts(b, "\n  ],\n");
 }
@@ -236,7 +245,10 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
                    (unsigned long long)r->threads.total, (unsigned long long)r->threads.max_live,
                    _al_report_ns(r, (double)r->threads.serial_cycles), _al_report_ns(r, (double)r->threads.parallel_cycles));
     ops(b, r);
-    _al_buf_printf(b, "  \"allocator_time_ns\": %.0f,\n", _al_report_ns(r, (double)_al_report_alloc_cycles(r)));
+    if (_al_hot.timed)
+        _al_buf_printf(b, "  \"allocator_time_ns\": %.0f,\n", _al_report_ns(r, (double)_al_report_alloc_cycles(r)));
+    else
+        _al_buf_puts(b, "  \"allocator_time_ns\": null, \"allocator_time_reason\": \"--mode sample times no call\",\n");
     if (r->first_excluded) {
         unsigned op, large, reuse, phase;
         _al_row_split(r->first_row, &op, &large, &reuse, &phase);
@@ -245,8 +257,11 @@ void _al_report_json(struct al_buf *b, const struct al_report *r)
                        _al_op_name(op), large ? "large" : "small",
                        (unsigned long long)r->first_cycles, _al_report_ns(r, (double)r->first_cycles));
     }
-    _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": %llu },\n",
-                   r->cycles_per_ns, (unsigned long long)_al_hot.tsc_overhead);
+    _al_buf_printf(b, "  \"timing\": { \"cycles_per_ns\": %.4f, \"rdtsc_overhead_cycles\": ", r->cycles_per_ns);
+    if (_al_hot.timed)
+        _al_buf_printf(b, "%llu },\n", (unsigned long long)_al_hot.tsc_overhead);
+    else
+        _al_buf_puts(b, "null },\n"); /* not measured: nothing to subtract it from */
     _al_buf_printf(b, "  \"profiler\": { \"mapped_bytes\": %llu, \"shadow_bytes\": %llu, \"process_peak_rss_bytes\": %llu },\n",
                    (unsigned long long)r->profiler_bytes, (unsigned long long)r->shadow_bytes,
                    (unsigned long long)r->peak_rss_bytes);

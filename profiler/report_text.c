@@ -68,22 +68,32 @@ void _al_report_text(struct al_buf *b, const struct al_report *r)
     uint64_t calls = 0;
     for (unsigned i = 0; i < AL_ROWS; i++)
         calls += r->rows[i].count;
-    double in_alloc = _al_report_ns(r, (double)_al_report_alloc_cycles(r));
-    _al_buf_puts(b, "in allocator ");
-    human_time(b, in_alloc);
-    _al_buf_printf(b, " over %llu calls, all threads (%.1f%% of runtime)\n", (unsigned long long)calls,
-                   r->runtime_ns ? 100.0 * in_alloc / (double)r->runtime_ns : 0.0);
-
-    _al_buf_puts(b, "\nop              class  reuse   phase           count   mean cyc    p50    p99  p99.9   mean ns\n");
+    /* --mode sample times no call: its calls are counted, their time said to be unknown rather
+     * than shown as 0. */
+    if (_al_hot.timed) {
+        double in_alloc = _al_report_ns(r, (double)_al_report_alloc_cycles(r));
+        _al_buf_puts(b, "in allocator ");
+        human_time(b, in_alloc);
+        _al_buf_printf(b, " over %llu calls, all threads (%.1f%% of runtime)\n", (unsigned long long)calls,
+                       r->runtime_ns ? 100.0 * in_alloc / (double)r->runtime_ns : 0.0);
+        _al_buf_puts(b, "\nop              class  reuse   phase           count   mean cyc    p50    p99  p99.9   mean ns\n");
+    } else {
+        _al_buf_printf(b, "in allocator not timed (--mode sample); %llu calls, all threads\n",
+                       (unsigned long long)calls);
+        _al_buf_puts(b, "\nop              class  reuse   phase           count\n");
+    }
     for (unsigned i = 0; i < AL_ROWS; i++) {
         const struct al_row *row = &r->rows[i];
         if (!row->count)
             continue;
         struct al_row_stats s;
         _al_report_row(r, i, &s);
-        _al_buf_printf(b, "%-15s %-6s %-7s %-8s %12llu %10.1f %6llu %6llu %6llu %9.1f\n", s.op, s.size_class,
-                       s.reuse, s.phase, (unsigned long long)row->count, s.mean, (unsigned long long)s.p50,
-                       (unsigned long long)s.p99, (unsigned long long)s.p999, _al_report_ns(r, s.mean));
+        _al_buf_printf(b, "%-15s %-6s %-7s %-8s %12llu", s.op, s.size_class, s.reuse, s.phase,
+                       (unsigned long long)row->count);
+        if (_al_hot.timed)
+            _al_buf_printf(b, " %10.1f %6llu %6llu %6llu %9.1f", s.mean, (unsigned long long)s.p50,
+                           (unsigned long long)s.p99, (unsigned long long)s.p999, _al_report_ns(r, s.mean));
+        _al_buf_puts(b, "\n");
     }
     if (r->first_excluded) {
         unsigned op, large, reuse, phase;

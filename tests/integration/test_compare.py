@@ -137,6 +137,29 @@ def main():
         tap.ok(len(switch) == len(names) - 1 and p.stdout.count(f"switching from {names[0]}") == 1,
                "a 'switching from' line for each other allocator", p.stdout[-1500:])
 
+    # --mode sample times no call: time in the allocator is n/a, in the table, the switching
+    # lines and the JSON (null), never 0 or nan; so are the system calls it does not count.
+    sample_out = os.path.join(tmp, "sample.json")
+    p = compare(["-a", ",".join(names[:2]), "-n", "1", "--mode", "sample", "-o", sample_out, "--", *cmd], tmp)
+    lines = p.stdout.splitlines()
+    row = {l[:24].strip(): l[24:].split() for l in lines if l[:24].strip()}
+    timed = ("time in the allocator", "/ run time (all thr.)", "per allocating call", "per free/delete",
+             "allocator syscalls")
+    switch = [l for l in lines if l.startswith("  to ")]
+    tap.ok(p.returncode == 0 and all(set(row.get(k, ["?"])) == {"n/a"} for k in timed)
+           and "nan" not in p.stdout.lower() and all("time in the allocator n/a" in l for l in switch),
+           "compare --mode sample: time in the allocator and the system calls n/a, no nan",
+           f"status {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-500:]}")
+    try:
+        with open(sample_out) as f:
+            sample = json.load(f)
+    except (OSError, ValueError) as e:
+        sample = {"error": str(e)}
+    meds = [a.get("median", {}) for a in sample.get("allocators", [])]
+    tap.ok(meds and all(m.get("calls", 0) > 0 and m.get("allocator_time_ns", 0) is None
+                        and m.get("ns_per_alloc_call", 0) is None for m in meds),
+           "compare --mode sample -o: calls counted, time in the allocator null", json.dumps(sample)[:1500])
+
     # CMD's stdin is /dev/null: a command that reads its input to the end finishes.
     p = compare(["-a", names[0], "-n", "1", "--", sys.executable, "-c",
                  "import sys; sys.stdin.read(); print('read-to-end')"], tmp, timeout=60)

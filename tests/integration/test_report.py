@@ -203,6 +203,38 @@ def main():
     tap.ok(p.returncode == 0 and f"unavailable: {reason}" in p.stdout,
            "text: memory waste in --mode time is unavailable, with the report's reason", p.stdout[-1200:])
 
+    # --mode sample times no call: its times are null (with the reason), not 0, and read so by
+    # the text report and by alloclens report, never as 0 or nan.
+    proc, rep5 = altest.run("glibc", [prog, "--scale", "0", "--threads", "2"], tmp, name="sample",
+                            extra=("--mode", "sample"))
+    rep5 = rep5 or {"ops": []}
+    timing_keys = ("cycles_total", "cycles_mean", "cycles_p50", "cycles_p99", "cycles_p999",
+                   "ns_mean", "ns_p50", "ns_p99", "ns_p999")
+    tap.ok(rep5["ops"] and "allocator_time_ns" in rep5 and rep5["allocator_time_ns"] is None
+           and rep5.get("allocator_time_reason") == "--mode sample times no call"
+           and rep5.get("timing", {}).get("rdtsc_overhead_cycles", 0) is None
+           and all(r["count"] > 0 and r["timed"] == 0 and all(k in r and r[k] is None for k in timing_keys)
+                   for r in rep5["ops"]),
+           "--mode sample: allocator_time_ns null with its reason, every row's times null",
+           json.dumps({k: rep5.get(k) for k in ("allocator_time_ns", "allocator_time_reason", "timing")})
+           + "\n" + json.dumps(rep5["ops"][:2]))
+    with open(os.path.join(tmp, "sample.txt")) as f:
+        own = f.read()
+    line = [l for l in own.splitlines() if l.startswith("in allocator")]
+    head = [l for l in own.splitlines() if l.startswith("op ")]
+    tap.ok(line and "not timed (--mode sample)" in line[0] and " us " not in line[0] and "%" not in line[0]
+           and head and "ns" not in head[0] and "cyc" not in head[0],
+           "--mode sample: the text report says the allocator is not timed, its ops table has no times",
+           own[:1500])
+    for args in ([os.path.join(tmp, "sample.json")], [os.path.join(tmp, "sample.json"), "--html", "-"]):
+        p = report(args, tmp)
+        ops_lines = [l for l in p.stdout.splitlines() if l.split()[:1] and l.split()[0] in ("malloc", "free")]
+        tap.ok(p.returncode == 0 and not p.stderr and not re.search(r"\bnan\b", p.stdout, re.I)
+               and "not timed: --mode sample times no call" in p.stdout
+               and (len(args) > 1 or (ops_lines and all(l.split()[-4:] == ["-"] * 4 for l in ops_lines))),
+               f"report{' --html' if len(args) > 1 else ''} of a --mode sample report: 'not timed' with the "
+               "reason, '-' for the times, no nan", f"status {p.returncode}\n{p.stdout[:2500]}\n{p.stderr}")
+
     # Sites with no peak (the sampler saw none: no samples, getrusage refused) say so, in
     # words, not as "the none peak" at a time of 0.
     nopeak = json.loads(json.dumps(rep))
