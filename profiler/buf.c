@@ -194,8 +194,11 @@ void _al_buf_shell_word(struct al_buf *b, const char *s, size_t n)
 {
     const unsigned char *p = (const unsigned char *)s;
     bool plain = n > 0;
-    for (size_t i = 0; i < n && plain; i++)
-        plain = shell_plain(p[i]) || (p[i] >= 0x80 && utf8_len(p + i));
+    for (size_t i = 0; i < n && plain; i++) {
+        size_t u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
+        plain = shell_plain(p[i]) || u;
+        i += u ? u - 1 : 0;
+    }
     if (plain) {
         _al_buf_putn(b, s, n);
         return;

@@ -112,13 +112,13 @@ head = open(txt).read().split("\n")[1] if os.path.exists(txt) else ""
 tap.ok(argv == ["/bin/true", *many] and head.endswith(" ... (cut)"),
        "5000 arguments: every one in the JSON; the text header says it is cut",
        f"{len(argv)} arguments, last {argv[-1:]}, header ends {head[-30:]!r}")
-odd = ["a b", "x\ny\x1b[31m", "it's", "plain"]
+odd = ["a b", "x\ny\x1b[31m", "it's", "plain", "h\u00e9llo"]
 js, txt = os.path.join(tmp, "odd.json"), os.path.join(tmp, "odd.txt")
 p = run(["-o", js, "--text", txt, "--", "/bin/echo", *odd])
 argv = json.load(open(js))["program"]["argv"] if os.path.exists(js) else []
 head = open(txt).read().split("\n")[1] if os.path.exists(txt) else ""
 tap.ok(argv == ["/bin/echo", *odd] and "\x1b" not in head
-       and head.endswith(r"/bin/echo $'a b' $'x\ny\x1b[31m' $'it\'s' plain"),
+       and head.endswith("/bin/echo $'a b' $'x\\ny\\x1b[31m' $'it\\'s' plain h\u00e9llo"),
        "arguments with control bytes, spaces and quotes: one shell word each in the text header, "
        "no escape sequence; as they are in the JSON", repr(head))
 
