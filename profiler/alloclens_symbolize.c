@@ -72,6 +72,176 @@ static bool descend(Dwarf_Die *parent, Dwarf_Addr pc, struct path *p)
     return false;
 }
 
+/* ---- indexes, made once per compile unit and per module ------------------------------------ */
+
+/* A compile unit's functions by address: the DIEs with code that no other DIE with code holds,
+ * one entry per address range. Walking the unit's children for every address cost a program
+ * of 20000 functions in one file 31 s at its exit. */
+struct code_range {
+    Dwarf_Addr lo, hi;
+    Dwarf_Die die;
+};
+
+struct unit_index {
+    Dwfl_Module *module;
+    Dwarf_Off offset; /* the unit DIE's */
+    struct code_range *r;
+    size_t n, cap;
+};
+
+static void add_ranges(struct unit_index *u, Dwarf_Die *die)
+{
+    Dwarf_Addr base, lo, hi;
+    ptrdiff_t off = 0;
+    while ((off = dwarf_ranges(die, off, &base, &lo, &hi)) > 0) {
+        if (u->n == u->cap) {
+            size_t cap = u->cap ? u->cap * 2 : 64;
+            struct code_range *r = realloc(u->r, cap * sizeof *r);
+            if (!r)
+                return;
+            u->r = r;
+            u->cap = cap;
+        }
+        u->r[u->n++] = (struct code_range){ lo, hi, *die };
+    }
+}
+
+static void collect(struct unit_index *u, Dwarf_Die *parent)
+{
+    Dwarf_Die child;
+    if (dwarf_child(parent, &child) != 0)
+        return;
+    do {
+        if (dwarf_hasattr(&child, DW_AT_low_pc) || dwarf_hasattr(&child, DW_AT_ranges))
+            add_ranges(u, &child);
+        else if (holds_functions(dwarf_tag(&child)))
+            collect(u, &child);
+    } while (dwarf_siblingof(&child, &child) == 0);
+}
+
+static int by_lo(const void *a, const void *b)
+{
+    Dwarf_Addr x = ((const struct code_range *)a)->lo, y = ((const struct code_range *)b)->lo;
+    return x < y ? -1 : x > y;
+}
+
+/* The index of unit CU of module M, made at its first use. */
+static struct unit_index *unit_of(Dwfl_Module *m, Dwarf_Die *cu)
+{
+    static struct unit_index *units;
+    static size_t nunits, cap;
+    Dwarf_Off off = dwarf_dieoffset(cu);
+    for (size_t i = nunits; i-- > 0;) /* the last made first: addresses come sorted */
+        if (units[i].module == m && units[i].offset == off)
+            return &units[i];
+    if (nunits == cap) {
+        size_t bigger = cap ? cap * 2 : 64;
+        struct unit_index *u = realloc(units, bigger * sizeof *u);
+        if (!u)
+            return NULL;
+        units = u;
+        cap = bigger;
+    }
+    struct unit_index *u = &units[nunits++];
+    *u = (struct unit_index){ .module = m, .offset = off };
+    collect(u, cu);
+    qsort(u->r, u->n, sizeof *u->r, by_lo);
+    return u;
+}
+
+/* The unit's function DIE holding PC, or NULL. */
+static Dwarf_Die *function_at(struct unit_index *u, Dwarf_Addr pc)
+{
+    size_t lo = 0, hi = u->n;
+    while (lo < hi) { /* the first range starting past PC */
+        size_t mid = (lo + hi) / 2;
+        if (u->r[mid].lo <= pc)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && pc < u->r[lo - 1].hi ? &u->r[lo - 1].die : NULL;
+}
+
+/* A module's function symbols by address, for the names of code without debug information:
+ * dwfl_module_addrname looks at every symbol of the module for each address. */
+struct symbol {
+    GElf_Addr addr, size;
+    const char *name;
+    int rank; /* global 0, weak 1, local 2: the first of a place's names is the one shown */
+};
+
+struct symbol_index {
+    Dwfl_Module *module;
+    struct symbol *s;
+    size_t n;
+};
+
+static int by_addr(const void *a, const void *b)
+{
+    const struct symbol *x = a, *y = b;
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return x->rank - y->rank;
+}
+
+static struct symbol_index *symbols_of(Dwfl_Module *m)
+{
+    static struct symbol_index *mods;
+    static size_t nmods, cap;
+    for (size_t i = 0; i < nmods; i++)
+        if (mods[i].module == m)
+            return &mods[i];
+    if (nmods == cap) {
+        size_t bigger = cap ? cap * 2 : 16;
+        struct symbol_index *x = realloc(mods, bigger * sizeof *x);
+        if (!x)
+            return NULL;
+        mods = x;
+        cap = bigger;
+    }
+    struct symbol_index *x = &mods[nmods++];
+    *x = (struct symbol_index){ .module = m };
+    int n = dwfl_module_getsymtab(m);
+    x->s = n > 0 ? malloc((size_t)n * sizeof *x->s) : NULL;
+    for (int i = 1; x->s && i < n; i++) {
+        GElf_Sym sym;
+        GElf_Addr addr;
+        const char *name = dwfl_module_getsym_info(m, i, &sym, &addr, NULL, NULL, NULL);
+        int type = GELF_ST_TYPE(sym.st_info), bind = GELF_ST_BIND(sym.st_info);
+        if (!name || !name[0] || !addr || sym.st_shndx == SHN_UNDEF || (type != STT_FUNC && type != STT_GNU_IFUNC))
+            continue;
+        x->s[x->n++] = (struct symbol){ addr, sym.st_size, name, bind == STB_GLOBAL ? 0 : bind == STB_WEAK ? 1 : 2 };
+    }
+    qsort(x->s, x->n, sizeof *x->s, by_addr);
+    return x;
+}
+
+/* The name of the function symbol holding PC in module M (the best-ranked of its names). */
+static const char *symbol_at(Dwfl_Module *m, GElf_Addr pc)
+{
+    struct symbol_index *x = symbols_of(m);
+    if (!x || !x->n)
+        return NULL;
+    size_t lo = 0, hi = x->n;
+    while (lo < hi) { /* the first symbol starting past PC */
+        size_t mid = (lo + hi) / 2;
+        if (x->s[mid].addr <= pc)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    GElf_Addr at = x->s[lo - 1].addr;
+    while (lo > 1 && x->s[lo - 2].addr == at) /* the place's first name */
+        lo--;
+    const struct symbol *s = &x->s[lo - 1];
+    return pc < s->addr + s->size || s->size == 0 ? s->name : NULL;
+}
+
+/* ---- names --------------------------------------------------------------------------------- */
+
 /* The name of the function DIE is (an inlined call's is its abstract origin's), its linkage
  * name where it has one: that one demangles to the full path (C++'s parameters, Rust's
  * module path), where DW_AT_name is the bare name. */
@@ -161,7 +331,7 @@ static void put_address(Dwfl *dwfl, Dwarf_Addr pc)
     }
     /* The symbol table's name for the function the code is in (there without debug
      * information too); the line table's line, the innermost inlined call's. */
-    const char *fn = dwfl_module_addrname(m, pc - 1), *file = NULL;
+    const char *fn = symbol_at(m, pc - 1), *file = NULL;
     int line = 0;
     Dwfl_Line *l = dwfl_module_getsrc(m, pc - 1);
     if (l)
@@ -170,8 +340,12 @@ static void put_address(Dwfl *dwfl, Dwarf_Addr pc)
     p.n = 0;
     Dwarf_Addr bias;
     Dwarf_Die *cu = l ? dwfl_module_addrdie(m, pc - 1, &bias) : NULL;
-    if (cu)
-        descend(cu, pc - 1 - bias, &p);
+    struct unit_index *u = cu ? unit_of(m, cu) : NULL;
+    Dwarf_Die *function = u ? function_at(u, pc - 1 - bias) : NULL;
+    if (function) {
+        p.die[p.n++] = *function;
+        descend(function, pc - 1 - bias, &p);
+    }
     int outer = p.n - 1; /* the function the code was compiled into */
     while (outer >= 0 && dwarf_tag(&p.die[outer]) != DW_TAG_subprogram)
         outer--;
