@@ -20,7 +20,7 @@ uint64_t _al_hist_bucket_high(unsigned b)
     return _al_hist_bucket_low(b + 1) - 1;
 }
 
-uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q)
+uint64_t _al_hist_rank(uint64_t n, double q)
 {
     if (n == 0)
         return 0;
@@ -29,8 +29,14 @@ uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q)
         rank++;
     if (rank < 1)
         rank = 1;
-    if (rank > n)
-        rank = n;
+    return rank > n ? n : rank;
+}
+
+uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q)
+{
+    uint64_t rank = _al_hist_rank(n, q);
+    if (rank == 0)
+        return 0;
     uint64_t seen = 0;
     for (unsigned b = 0; b < AL_HIST_BUCKETS; b++) {
         seen += buckets[b];

@@ -100,6 +100,8 @@ uint64_t _al_hist_bucket_high(unsigned b);
 /* Value at quantile q (0 < q <= 1) of a histogram holding n samples: the midpoint of the
  * bucket holding the ceil(q*n)-th smallest sample; 0 for an empty histogram. */
 uint64_t _al_hist_quantile(const uint64_t *buckets, uint64_t n, double q);
+/* The rank of quantile Q among N samples: ceil(q*n), within 1..n; 0 where n is. */
+uint64_t _al_hist_rank(uint64_t n, double q);
 
 /* SplitMix64's finaliser: 64 well-mixed bits from any 64 (the sampler's generator, pprof's
  * hash tables). */

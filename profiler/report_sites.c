@@ -99,13 +99,24 @@ static bool at_peak(const struct al_site *st, double out[3])
     return sum > 0 || st->peak_live_bytes <= 0;
 }
 
+/* Quantile Q of the site's lifetimes: the midpoint of the group of buckets holding it, at most
+ * the longest lifetime seen. */
 static double lifetime_ns(const struct al_site *st, double q, double cycles_per_ns)
 {
-    uint64_t h[AL_HIST_BUCKETS];
-    for (unsigned i = 0; i < AL_HIST_BUCKETS; i++)
-        h[i] = st->life_cycles[i];
-    double c = (double)_al_hist_quantile(h, st->nlife, q);
-    return cycles_per_ns > 0 ? c / cycles_per_ns : 0;
+    uint64_t rank = _al_hist_rank(st->nlife, q), seen = 0, c = 0;
+    for (unsigned g = 0; rank && g < AL_LIFE_BUCKETS; g++) {
+        seen += st->life_cycles[g];
+        if (seen < rank)
+            continue;
+        unsigned last = (g + 1) * AL_LIFE_GROUP - 1;
+        uint64_t lo = _al_hist_bucket_low(g * AL_LIFE_GROUP);
+        uint64_t hi = last >= AL_HIST_BUCKETS - 1 ? lo : _al_hist_bucket_high(last);
+        c = lo + (hi - lo) / 2;
+        break;
+    }
+    if (c > st->life_max)
+        c = st->life_max;
+    return cycles_per_ns > 0 ? (double)c / cycles_per_ns : 0;
 }
 
 static void site_json(struct al_buf *b, const struct al_site *st, double cycles_per_ns)

@@ -490,9 +490,11 @@ static void forget(struct sample *e, uint64_t now, struct al_sample_undo *u)
     if (s.nsamples == 1)
         s.live_bytes = 0;
     uint64_t life = now > e->born ? now - e->born : 0;
-    unsigned bucket = _al_hist_bucket(life);
+    unsigned bucket = _al_hist_bucket(life) / AL_LIFE_GROUP;
     st->life_cycles[bucket]++;
     st->nlife++;
+    if (life > st->life_max)
+        st->life_max = life;
     if (u)
         *u = (struct al_sample_undo){ e->addr, e->site, bucket, e->size, e->born, e->objects, e->bytes };
     mark((void *)e->addr, false);
