@@ -617,6 +617,9 @@ void _al_signals_restore(const sigset_t *old);
 /* Every signal blocked but SIGSYS (syscall user dispatch raises it, and a blocked one ends the
  * process), the mask as it was in *OLD, for _al_signals_restore (log.c). */
 void _al_signals_block_all(sigset_t *old);
+/* System call NR made from the page syscall user dispatch always lets through (syscalls.c); the
+ * result as the kernel gives it (-errno on failure). */
+long _al_sud_syscall(long nr, long a1, long a2, long a3, long a4, long a5, long a6);
 /* The same, around the making of T's state (NULL: none made): SIGSYS left deliverable where T
  * has its system calls dispatched, however OLD had it. */
 void _al_thread_signals_restore(const struct al_thread *t, sigset_t *old);

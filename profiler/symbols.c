@@ -7,10 +7,11 @@
  * profiled process, nor comes from the allocator it measures. posix_spawn starts it without
  * the program's atfork handlers, signal handlers or signal mask, and without this library in
  * its environment; input and output are memory files, so a helper that dies early raises no
- * SIGPIPE here. Its exit raises SIGCHLD (exec gives every child that exit signal), so it is not
- * run in a program that handles SIGCHLD: that handler would see a child the program never
- * made; nor once the program has installed a seccomp filter. Where it cannot run, and for the
- * frames it did not see, names come from the dynamic symbol table through dladdr, which costs
+ * SIGPIPE here. Its exit raises SIGCHLD (exec gives every child that exit signal): in a program
+ * that handles SIGCHLD (Go's runtime, node's libuv, servers that fork workers), whose handler
+ * must see no child it never made, it runs as a grandchild instead (spawn_quiet). It is not
+ * run once the program has installed a seccomp filter. Where it cannot run, and for the frames
+ * it did not see, names come from the dynamic symbol table through dladdr, which costs
  * nothing. */
 #include <dlfcn.h>
 #include <errno.h>
@@ -24,6 +25,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -137,11 +140,53 @@ static bool ended_in_time(pid_t pid)
     return false;
 }
 
+static int wait_helper(pid_t pid, int flags);
+
+/* PATH started as posix_spawn would below, but as a grandchild: the child between is made by a
+ * raw clone with no exit signal, waits for it, and exits with its status (128 + the signal
+ * that ended it). So the program's SIGCHLD handler sees nothing of ours, and its waitpid(-1)
+ * cannot reap the child (one without an exit signal needs __WALL). Both children are copies of
+ * a multithreaded process: raw system calls only, from the page syscall user dispatch always
+ * allows, every signal blocked until the exec (a program's handler must not run in them). The
+ * helper dies with the child between (PR_SET_PDEATHSIG), which a timeout kills. The child
+ * between's pid, or -1 with errno. */
+static pid_t spawn_quiet(const char *path, char *const argv[], char *const env[], int in, int out)
+{
+    sigset_t old, none;
+    sigemptyset(&none);
+    _al_signals_block_all(&old);
+    long pid = _al_sud_syscall(SYS_clone, 0, 0, 0, 0, 0, 0);
+    if (pid == 0) {
+        long g = _al_sud_syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0, 0);
+        if (g == 0) {
+            _al_sud_syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0, 0);
+            _al_sud_syscall(SYS_dup2, in, 0, 0, 0, 0, 0);
+            _al_sud_syscall(SYS_dup2, out, 1, 0, 0, 0, 0);
+            _al_sud_syscall(SYS_close_range, 3, ~0u, 0, 0, 0, 0);
+            _al_sud_syscall(SYS_rt_sigprocmask, SIG_SETMASK, (long)&none, 0, _NSIG / 8, 0, 0);
+            _al_sud_syscall(SYS_execve, (long)path, (long)argv, (long)env, 0, 0, 0);
+            _al_sud_syscall(SYS_exit_group, 127, 0, 0, 0, 0, 0);
+        }
+        int status = 0;
+        long r = -EINTR;
+        while (g > 0 && r == -EINTR)
+            r = _al_sud_syscall(SYS_wait4, g, (long)&status, 0, 0, 0, 0);
+        int code = g < 0 || r < 0 ? 127 : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        _al_sud_syscall(SYS_exit_group, code, 0, 0, 0, 0, 0);
+    }
+    _al_signals_restore(&old);
+    if (pid < 0) {
+        errno = (int)-pid;
+        return -1;
+    }
+    return (pid_t)pid;
+}
+
 /* Runs PATH with IN as its input and OUT as its output, and none of the program's other
  * descriptors; its exit status, or -1 with why. The C library's posix_spawn, not our wrapper
  * of it (interpose/exec.c), whose check of whether LD_PRELOAD reaches the program is for the
- * program's children. */
-static int run_helper(const char *path, int in, int out)
+ * program's children; or, where the program handles SIGCHLD (QUIET), spawn_quiet. */
+static int run_helper(const char *path, int in, int out, bool quiet)
 {
     int (*spawn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
                  char *const[], char *const[]) = (__typeof__(spawn))_al_real_posix_spawn;
@@ -163,6 +208,15 @@ static int run_helper(const char *path, int in, int out)
      * ever (jemalloc, a helper's stress run). Each action takes a few dozen bytes; so never
      * destroyed, which would free the room. */
     static _Alignas(64) char action_room[1024];
+    if (quiet) {
+        pid = spawn_quiet(path, argv, env, in, out);
+        _al_mem_unmap(env, env_bytes);
+        if (pid < 0) {
+            snprintf(sym.why, sizeof sym.why, "%s could not be started: %s", HELPER, strerror(errno));
+            return -1;
+        }
+        return wait_helper(pid, __WALL);
+    }
     int e = posix_spawn_file_actions_init(&fa);
     fa.__actions = (void *)action_room;
     fa.__allocated = (int)(sizeof action_room / 64);
@@ -182,12 +236,18 @@ static int run_helper(const char *path, int in, int out)
         snprintf(sym.why, sizeof sym.why, "%s could not be started: %s", HELPER, strerror(e));
         return -1;
     }
+    return wait_helper(pid, 0);
+}
+
+/* The helper's (or the child between's) exit status, PID waited for with FLAGS; -1 with why. */
+static int wait_helper(pid_t pid, int flags)
+{
     if (!ended_in_time(pid)) {
         kill(pid, SIGKILL);
         snprintf(sym.why, sizeof sym.why, "%s took more than %d s; killed", HELPER, HELPER_TIMEOUT_MS / 1000);
     }
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
+    while (waitpid(pid, &status, flags) < 0) {
         if (errno == ECHILD) /* reaped through SIGCHLD's SIG_IGN, or by a wait of the program */
             return sym.why[0] ? -1 : 0; /* its answer tells */
         if (errno != EINTR) {
@@ -306,10 +366,7 @@ static void make_table(void)
         return;
     }
     struct sigaction chld;
-    if (sigaction(SIGCHLD, NULL, &chld) == 0 && chld.sa_handler != SIG_DFL && chld.sa_handler != SIG_IGN) {
-        snprintf(sym.why, sizeof sym.why, "the program handles SIGCHLD, which %s would raise", HELPER);
-        return;
-    }
+    bool quiet = sigaction(SIGCHLD, NULL, &chld) == 0 && chld.sa_handler != SIG_DFL && chld.sa_handler != SIG_IGN;
     char path[PATH_MAX];
     if (!helper_path(path, sizeof path)) {
         snprintf(sym.why, sizeof sym.why, "%s is not installed beside liballoclens.so", HELPER);
@@ -346,7 +403,7 @@ static void make_table(void)
         goto done;
     }
     int cancel = _al_nocancel_begin(); /* the wait below must not be where a cancel acts */
-    int rc = run_helper(path, in, out);
+    int rc = run_helper(path, in, out, quiet);
     _al_nocancel_end(cancel);
     if (rc > 0)
         snprintf(sym.why, sizeof sym.why, "%s exited with status %d", HELPER, rc);

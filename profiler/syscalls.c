@@ -62,7 +62,6 @@ __asm__(".pushsection al_sud_text,\"ax\",@progbits\n"
         ".balign 64\n"
         ".popsection\n");
 
-extern long _al_sud_syscall(long nr, long a1, long a2, long a3, long a4, long a5, long a6);
 extern void _al_sud_restorer(void);
 extern char __start_al_sud_text[], __stop_al_sud_text[];
 
