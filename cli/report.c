@@ -177,68 +177,16 @@ static bool section(struct out *o, const char *title, json_object *sec)
     return false;
 }
 
-/* Bytes a shell takes as they are, outside quotes. */
-static bool shell_plain(unsigned char c)
+static void put_file(void *f, const char *p, size_t n)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           (c && strchr("@%+=:,./_-", c));
+    fwrite(p, 1, n, f);
 }
 
-/* The length of the well-formed UTF-8 sequence at P, whose first byte is 0x80 or more; 0 where
- * it is none (a stray byte, overlong, a surrogate, past U+10FFFF, cut short). */
-static size_t utf8_len(const unsigned char *p)
-{
-    size_t n;
-    uint32_t cp, min;
-    if (p[0] >= 0xc2 && p[0] <= 0xdf)
-        n = 2, cp = p[0] & 0x1f, min = 0x80;
-    else if (p[0] >= 0xe0 && p[0] <= 0xef)
-        n = 3, cp = p[0] & 0x0f, min = 0x800;
-    else if (p[0] >= 0xf0 && p[0] <= 0xf4)
-        n = 4, cp = p[0] & 0x07, min = 0x10000;
-    else
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80) /* the string's NUL included */
-            return 0;
-        cp = cp << 6 | (p[i] & 0x3f);
-    }
-    return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : n;
-}
-
-/* S written to F as one shell word, as the report the program wrote shows it (profiler/buf.c,
- * which this command does not link): as it is where a shell takes it so, else in $'...' with
- * \\, \', \n, \t and \xHH for the other control bytes and for bytes that are no UTF-8. A copy
- * of the command line that one can paste. */
+/* S written to F as one shell word, as the report the program wrote shows it: a copy of the
+ * command line that one can paste. */
 static void shell_word(FILE *f, const char *s)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    bool plain = *p;
-    for (size_t i = 0, u; p[i] && plain; i += u ? u : 1) {
-        u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
-        plain = shell_plain(p[i]) || u;
-    }
-    if (plain) {
-        fputs(s, f);
-        return;
-    }
-    fputs("$'", f);
-    for (size_t i = 0; p[i]; i++) {
-        size_t u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
-        if (u) {
-            fwrite(s + i, 1, u, f);
-            i += u - 1;
-        } else if (p[i] == '\\' || p[i] == '\'') {
-            fprintf(f, "\\%c", p[i]);
-        } else if (p[i] == '\n' || p[i] == '\t') {
-            fputs(p[i] == '\n' ? "\\n" : "\\t", f);
-        } else if (p[i] < 0x20 || p[i] >= 0x7f) {
-            fprintf(f, "\\x%02x", p[i]);
-        } else {
-            fputc(p[i], f);
-        }
-    }
-    fputc('\'', f);
+    _al_shell_word(s, strlen(s), put_file, f);
 }
 
 static void run_section(struct out *o, json_object *r)

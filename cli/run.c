@@ -202,29 +202,6 @@ static int exec_profiled(const struct al_found_allocator *alloc, char **cmd, con
     return e == ENOENT ? 127 : 126;
 }
 
-/* Whether the report paths X and Y (absolute) are one file. A file that is there is compared
- * by identity, so that another name of it (a link) is seen too; one not made yet by its
- * directory's identity and its own name, so that "d/../r.json" or a linked directory is seen
- * as well. Devices and FIFOs may take both. */
-static bool same_report_file(const char *x, const char *y)
-{
-    struct stat sx, sy;
-    bool x_there = stat(x, &sx) == 0, y_there = stat(y, &sy) == 0;
-    if ((x_there && !S_ISREG(sx.st_mode)) || (y_there && !S_ISREG(sy.st_mode)))
-        return false;
-    if (strcmp(x, y) == 0)
-        return true;
-    if (x_there && y_there)
-        return sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
-    const char *xn = strrchr(x, '/') + 1, *yn = strrchr(y, '/') + 1;
-    if (strcmp(xn, yn) != 0)
-        return false;
-    char dx[PATH_MAX], dy[PATH_MAX];
-    snprintf(dx, sizeof dx, "%.*s/", (int)(xn - x), x);
-    snprintf(dy, sizeof dy, "%.*s/", (int)(yn - y), y);
-    return stat(dx, &sx) == 0 && stat(dy, &sy) == 0 && sx.st_dev == sy.st_dev && sx.st_ino == sy.st_ino;
-}
-
 /* Two reports asked into one file would leave only the one written last: said at once, naming
  * each by its flag or, where GIVEN has no value for it, by the variable it was inherited in. An
  * inherited value may be relative (set_value makes only the flags' absolute): it is taken from
@@ -245,7 +222,7 @@ static int same_report_paths(const char *const given[AL_OPT_N])
     }
     for (size_t a = 0; a < n; a++) {
         for (size_t b = a + 1; b < n; b++) {
-            if (path[a] && path[b] && same_report_file(path[a], path[b])) {
+            if (path[a] && path[b] && _al_same_report_file(path[a], path[b])) {
                 char name[2][64], shown[PATH_MAX];
                 for (int k = 0; k < 2; k++) {
                     const struct al_option *o = &_al_options[ids[k ? b : a]];

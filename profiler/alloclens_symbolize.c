@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <libiberty/demangle.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,19 +90,42 @@ struct unit_index {
     size_t n, cap;
 };
 
+/* *ARRAY (of *CAP entries of SIZE bytes) made twice as big; false where memory is out. */
+static bool grow(void **array, size_t *cap, size_t size)
+{
+    size_t bigger = *cap ? *cap * 2 : 64;
+    void *p = realloc(*array, bigger * size);
+    if (!p)
+        return false;
+    *array = p;
+    *cap = bigger;
+    return true;
+}
+
+/* The index of the first of N entries (SIZE bytes each, sorted by the address at offset AT)
+ * that starts past PC: the one before it, if any, is where PC may be. */
+static size_t past(const void *base, size_t n, size_t size, size_t at, uint64_t pc)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        uint64_t start;
+        memcpy(&start, (const char *)base + mid * size + at, sizeof start);
+        if (start <= pc)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 static void add_ranges(struct unit_index *u, Dwarf_Die *die)
 {
     Dwarf_Addr base, lo, hi;
     ptrdiff_t off = 0;
     while ((off = dwarf_ranges(die, off, &base, &lo, &hi)) > 0) {
-        if (u->n == u->cap) {
-            size_t cap = u->cap ? u->cap * 2 : 64;
-            struct code_range *r = realloc(u->r, cap * sizeof *r);
-            if (!r)
-                return;
-            u->r = r;
-            u->cap = cap;
-        }
+        if (u->n == u->cap && !grow((void **)&u->r, &u->cap, sizeof *u->r))
+            return;
         u->r[u->n++] = (struct code_range){ lo, hi, *die };
     }
 }
@@ -134,14 +158,8 @@ static struct unit_index *unit_of(Dwfl_Module *m, Dwarf_Die *cu)
     for (size_t i = nunits; i-- > 0;) /* the last made first: addresses come sorted */
         if (units[i].module == m && units[i].offset == off)
             return &units[i];
-    if (nunits == cap) {
-        size_t bigger = cap ? cap * 2 : 64;
-        struct unit_index *u = realloc(units, bigger * sizeof *u);
-        if (!u)
-            return NULL;
-        units = u;
-        cap = bigger;
-    }
+    if (nunits == cap && !grow((void **)&units, &cap, sizeof *units))
+        return NULL;
     struct unit_index *u = &units[nunits++];
     *u = (struct unit_index){ .module = m, .offset = off };
     collect(u, cu);
@@ -152,14 +170,7 @@ static struct unit_index *unit_of(Dwfl_Module *m, Dwarf_Die *cu)
 /* The unit's function DIE holding PC, or NULL. */
 static Dwarf_Die *function_at(struct unit_index *u, Dwarf_Addr pc)
 {
-    size_t lo = 0, hi = u->n;
-    while (lo < hi) { /* the first range starting past PC */
-        size_t mid = (lo + hi) / 2;
-        if (u->r[mid].lo <= pc)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = past(u->r, u->n, sizeof *u->r, offsetof(struct code_range, lo), pc);
     return lo > 0 && pc < u->r[lo - 1].hi ? &u->r[lo - 1].die : NULL;
 }
 
@@ -192,14 +203,8 @@ static struct symbol_index *symbols_of(Dwfl_Module *m)
     for (size_t i = 0; i < nmods; i++)
         if (mods[i].module == m)
             return &mods[i];
-    if (nmods == cap) {
-        size_t bigger = cap ? cap * 2 : 16;
-        struct symbol_index *x = realloc(mods, bigger * sizeof *x);
-        if (!x)
-            return NULL;
-        mods = x;
-        cap = bigger;
-    }
+    if (nmods == cap && !grow((void **)&mods, &cap, sizeof *mods))
+        return NULL;
     struct symbol_index *x = &mods[nmods++];
     *x = (struct symbol_index){ .module = m };
     int n = dwfl_module_getsymtab(m);
@@ -223,14 +228,7 @@ static const char *symbol_at(Dwfl_Module *m, GElf_Addr pc)
     struct symbol_index *x = symbols_of(m);
     if (!x || !x->n)
         return NULL;
-    size_t lo = 0, hi = x->n;
-    while (lo < hi) { /* the first symbol starting past PC */
-        size_t mid = (lo + hi) / 2;
-        if (x->s[mid].addr <= pc)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = past(x->s, x->n, sizeof *x->s, offsetof(struct symbol, addr), pc);
     if (lo == 0)
         return NULL;
     GElf_Addr at = x->s[lo - 1].addr;

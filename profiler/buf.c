@@ -128,28 +128,6 @@ void _al_buf_printf(struct al_buf *b, const char *fmt, ...)
     b->len += (size_t)n;
 }
 
-/* The length of the well-formed UTF-8 sequence at P, whose first byte is 0x80 or more; 0 where
- * it is none (a stray byte, overlong, a surrogate, past U+10FFFF, cut short). */
-static size_t utf8_len(const unsigned char *p)
-{
-    size_t n;
-    uint32_t cp, min;
-    if (p[0] >= 0xc2 && p[0] <= 0xdf)
-        n = 2, cp = p[0] & 0x1f, min = 0x80;
-    else if (p[0] >= 0xe0 && p[0] <= 0xef)
-        n = 3, cp = p[0] & 0x0f, min = 0x800;
-    else if (p[0] >= 0xf0 && p[0] <= 0xf4)
-        n = 4, cp = p[0] & 0x07, min = 0x10000;
-    else
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80) /* the string's NUL included */
-            return 0;
-        cp = cp << 6 | (p[i] & 0x3f);
-    }
-    return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : n;
-}
-
 /* A JSON string is UTF-8: bytes of a path or argument that are not (a Latin-1 file name, say)
  * become U+FFFD, as JSON readers that replace them show them; before, such a report did not
  * parse. */
@@ -158,7 +136,7 @@ void _al_buf_json_str(struct al_buf *b, const char *s)
     _al_buf_putn(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p >= 0x80) {
-            size_t n = utf8_len(p);
+            size_t n = _al_utf8_len(p);
             if (n) {
                 _al_buf_putn(b, (const char *)p, n);
                 p += n - 1;
@@ -183,43 +161,14 @@ void _al_buf_json_str(struct al_buf *b, const char *s)
     _al_buf_putn(b, "\"", 1);
 }
 
-/* Bytes a shell takes as they are, outside quotes. */
-static bool shell_plain(unsigned char c)
+static void put_buf(void *b, const char *p, size_t n)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           strchr("@%+=:,./_-", c) != NULL;
+    _al_buf_putn(b, p, n);
 }
 
 void _al_buf_shell_word(struct al_buf *b, const char *s, size_t n)
 {
-    const unsigned char *p = (const unsigned char *)s;
-    bool plain = n > 0;
-    for (size_t i = 0; i < n && plain; i++) {
-        size_t u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
-        plain = shell_plain(p[i]) || u;
-        i += u ? u - 1 : 0;
-    }
-    if (plain) {
-        _al_buf_putn(b, s, n);
-        return;
-    }
-    _al_buf_putn(b, "$'", 2);
-    for (size_t i = 0; i < n; i++) {
-        size_t u = p[i] >= 0x80 ? utf8_len(p + i) : 0;
-        if (u) {
-            _al_buf_putn(b, s + i, u);
-            i += u - 1;
-        } else if (p[i] == '\\' || p[i] == '\'') {
-            _al_buf_printf(b, "\\%c", p[i]);
-        } else if (p[i] == '\n' || p[i] == '\t') {
-            _al_buf_puts(b, p[i] == '\n' ? "\\n" : "\\t");
-        } else if (p[i] < 0x20 || p[i] >= 0x7f) {
-            _al_buf_printf(b, "\\x%02x", p[i]);
-        } else {
-            _al_buf_putn(b, s + i, 1);
-        }
-    }
-    _al_buf_putn(b, "'", 1);
+    _al_shell_word(s, n, put_buf, b);
 }
 
 void _al_buf_free(struct al_buf *b)

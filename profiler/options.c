@@ -200,11 +200,7 @@ static const char *path_setting(struct al_settings *s, enum al_opt_id id)
     return s->strings + at;
 }
 
-/* Whether the report paths X and Y (as path_setting leaves them) are one file. A file that is
- * there is compared by identity, so that another name of it (a link) is seen too; one not made
- * yet by its directory's identity and its own name ("d/../r.json", a linked directory). Devices
- * and FIFOs may take both. 'alloclens run' refuses the same pairs before anything runs. */
-static bool same_report_file(const char *x, const char *y)
+bool _al_same_report_file(const char *x, const char *y)
 {
     struct stat sx, sy;
     bool x_there = stat(x, &sx) == 0, y_there = stat(y, &sy) == 0;
@@ -250,7 +246,7 @@ void _al_settings_load(struct al_settings *s)
     s->text = path_setting(s, AL_OPT_TEXT);
     if (s->text && strcmp(s->text, "off") == 0)
         s->text = NULL;
-    if (s->text && s->output && strcmp(s->text, "-") && same_report_file(s->text, s->output)) {
+    if (s->text && s->output && strcmp(s->text, "-") && _al_same_report_file(s->text, s->output)) {
         settings_log("%s and %s name the same file (%s): the text report goes to stderr instead",
                      _al_options[AL_OPT_TEXT].env, _al_options[AL_OPT_OUTPUT].env, s->text);
         s->text = "-";
@@ -262,7 +258,7 @@ void _al_settings_load(struct al_settings *s)
     /* As the text above: the one read later gives way, here the profile. */
     for (int i = 0; i < 2 && s->pprof; i++) {
         const char *other = i == 0 ? s->output : s->text;
-        if (other && strcmp(other, "-") && same_report_file(s->pprof, other)) {
+        if (other && strcmp(other, "-") && _al_same_report_file(s->pprof, other)) {
             settings_log("%s and %s name the same file (%s): no pprof profile is written",
                          _al_options[AL_OPT_PPROF].env, _al_options[i == 0 ? AL_OPT_OUTPUT : AL_OPT_TEXT].env,
                          s->pprof);

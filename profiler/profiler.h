@@ -278,10 +278,18 @@ void _al_buf_puts(struct al_buf *b, const char *s);
 void _al_buf_u64_run(struct al_buf *b, uint64_t first, uint64_t step, uint32_t count);
 void _al_buf_printf(struct al_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void _al_buf_json_str(struct al_buf *b, const char *s); /* quoted, escaped */
-/* S (N bytes) as one shell word: as it is where a shell takes it so, else in $'...' with its
- * control bytes, quotes and invalid UTF-8 escaped (a terminal shows no escape sequence of an
- * argument's, and each argument reads as one). */
+/* S (N bytes) as one shell word (_al_shell_word). */
 void _al_buf_shell_word(struct al_buf *b, const char *s, size_t n);
+
+/* ---- escape.c: text made safe to show ------------------------------------------------------ */
+
+/* The length of the well-formed UTF-8 sequence at P, whose first byte is 0x80 or more; 0 where
+ * it is none (a stray byte, overlong, a surrogate, past U+10FFFF, cut short). */
+size_t _al_utf8_len(const unsigned char *p);
+/* S (N bytes) given to PUT as one shell word: as it is where a shell takes it so, else in
+ * $'...' with its control bytes, quotes and invalid UTF-8 escaped (a terminal shows no escape
+ * sequence of an argument's, and each argument reads as one). */
+void _al_shell_word(const char *s, size_t n, void (*put)(void *ctx, const char *p, size_t n), void *ctx);
 void _al_buf_free(struct al_buf *b);
 /* log.c: writes all of DATA (LEN bytes) to FD, through short writes and EINTR, never ending
  * the program by SIGPIPE; 0 or a negative errno. */
@@ -397,6 +405,12 @@ void _al_settings_load(struct al_settings *s);
 /* PATH made absolute against the working directory into OUT: 0, -ENAMETOOLONG where it does
  * not fit CAP, -1 where the directory has no name (removed). */
 int _al_path_absolute(const char *path, char *out, size_t cap);
+/* Whether the report paths X and Y are one file. A file that is there is compared by
+ * identity, so that another name of it (a link) is seen too; one not made yet by its
+ * directory's identity and its own name ("d/../r.json", a linked directory). Devices and FIFOs
+ * may take both. The library ignores the later of two such settings; 'alloclens run' refuses
+ * them before anything runs. */
+bool _al_same_report_file(const char *x, const char *y);
 /* NAME's value in the process's environment (environ itself, not the program's getenv), or
  * NULL. */
 const char *_al_env(const char *name);
