@@ -6,8 +6,10 @@
  *
  * Input (standard input, read whole before anything is written):
  *   the process's /proc/PID/maps text, ended by an empty line;
- *   then a line "@BIAS PATH" (BIAS in hex) for each library the process unloaded, whose frames
- *   were moved to addresses from BIAS up (profiler/unloaded.c): it is read from PATH;
+ *   then a line "@BIAS DEV INO SIZE MTIME_NS PATH" (numbers in hex) for each library the
+ *   process unloaded, whose frames were moved to addresses from BIAS up (profiler/unloaded.c):
+ *   it is read from PATH if PATH is still that file (a library rebuilt in place since is
+ *   another, whose names would be wrong, though it may keep the inode);
  *   then one return address per line, in hex.
  * Output (standard output): for each address, in the same order, a line per function the
  * address is in, innermost first, as addr2line -i has them: where the call is in code inlined
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Deeper nesting than any compiler emits; past it the innermost DIEs are not looked at. */
 #define DEPTH_MAX 128
@@ -214,7 +217,8 @@ static struct symbol_index *symbols_of(Dwfl_Module *m)
         GElf_Addr addr;
         const char *name = dwfl_module_getsym_info(m, i, &sym, &addr, NULL, NULL, NULL);
         int type = GELF_ST_TYPE(sym.st_info), bind = GELF_ST_BIND(sym.st_info);
-        if (!name || !name[0] || !addr || sym.st_shndx == SHN_UNDEF || (type != STT_FUNC && type != STT_GNU_IFUNC))
+        if (!name || !name[0] || !addr || !sym.st_size || sym.st_shndx == SHN_UNDEF ||
+            (type != STT_FUNC && type != STT_GNU_IFUNC))
             continue;
         x->s[x->n++] = (struct symbol){ addr, sym.st_size, name, bind == STB_GLOBAL ? 0 : bind == STB_WEAK ? 1 : 2 };
     }
@@ -227,15 +231,17 @@ static const char *symbol_at(Dwfl_Module *m, GElf_Addr pc)
 {
     struct symbol_index *x = symbols_of(m);
     if (!x || !x->n)
-        return NULL;
+        return dwfl_module_addrname(m, pc);
     size_t lo = past(x->s, x->n, sizeof *x->s, offsetof(struct symbol, addr), pc);
     if (lo == 0)
-        return NULL;
+        return dwfl_module_addrname(m, pc);
     GElf_Addr at = x->s[lo - 1].addr;
     while (lo > 1 && x->s[lo - 2].addr == at) /* the place's first name */
         lo--;
     const struct symbol *s = &x->s[lo - 1];
-    return pc < s->addr + s->size || s->size == 0 ? s->name : NULL;
+    /* Outside every sized function (a PLT, padding, an assembly label without size or type):
+     * elfutils' own choice, rare enough for its look at every symbol. */
+    return pc < s->addr + s->size ? s->name : dwfl_module_addrname(m, pc);
 }
 
 /* ---- names --------------------------------------------------------------------------------- */
@@ -382,11 +388,18 @@ int main(void)
     /* A library that cannot be read any more is left unnamed: its frames are then named by
      * the process from what it noted. */
     while (pcs[0] == '@') {
-        char *nl = strchr(pcs, '\n'), *path = strchr(pcs, ' ');
-        if (!nl || !path || path > nl)
+        char *nl = strchr(pcs, '\n'), *p = pcs + 1;
+        if (!nl)
             return 1;
         *nl = '\0';
-        dwfl_report_elf(dwfl, path + 1, path + 1, -1, strtoull(pcs + 1, NULL, 16), false);
+        uint64_t bias = strtoull(p, &p, 16), dev = strtoull(p, &p, 16), ino = strtoull(p, &p, 16);
+        uint64_t size = strtoull(p, &p, 16), mtime_ns = strtoull(p, &p, 16);
+        struct stat st;
+        if (*p++ != ' ')
+            return 1;
+        if (stat(p, &st) == 0 && st.st_dev == dev && st.st_ino == ino && (uint64_t)st.st_size == size &&
+            (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec == mtime_ns)
+            dwfl_report_elf(dwfl, p, p, -1, bias, false);
         pcs = nl + 1;
     }
     if (dwfl_report_end(dwfl, NULL, NULL) != 0)

@@ -699,7 +699,7 @@ const char *_al_symbol_function(const struct al_symbol *s, char *buf, size_t cap
  * offset OFFSET. */
 struct al_unloaded {
     const char *path;
-    uint64_t dev, ino;
+    uint64_t dev, ino, size, mtime_ns; /* which file PATH was (a library rebuilt in place may keep its inode) */
     uintptr_t bias, lo, hi, offset;
 };
 
@@ -709,6 +709,8 @@ struct al_objects *_al_unloaded_before(void);
 void _al_unloaded_after(struct al_objects *before);
 unsigned _al_unloaded_count(void);
 const struct al_unloaded *_al_unloaded_file(unsigned k);
+/* Whether U's path still names the file that was unloaded (not one rebuilt in place since). */
+bool _al_unloaded_same_file(const struct al_unloaded *u);
 /* The file a moved frame PC is in; NULL for any other address. */
 const struct al_unloaded *_al_unloaded_of(uintptr_t pc);
 

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -176,13 +177,82 @@ void _al_report_row(const struct al_report *r, unsigned i, struct al_row_stats *
     s->p999 = _al_hist_quantile(h, binned, 0.999);
 }
 
+
+/* Whether FD is open on the same file as ST (by device and inode). */
+static bool same_file(int fd, const struct stat *st)
+{
+    struct stat o;
+    return fd >= 0 && fstat(fd, &o) == 0 && o.st_dev == st->st_dev && o.st_ino == st->st_ino;
+}
+
+/* The program's descriptor that PATH names (/dev/stdout, /dev/stderr, /dev/fd/N,
+ * /proc/self/fd/N; its stderr is the one the run began with, kept: log.c), or -1. Written
+ * through, not opened again: a socket (journald's streams) cannot be opened by its name. */
+static int stream_fd(const char *path)
+{
+    if (!strcmp(path, "/dev/stdout"))
+        return STDOUT_FILENO;
+    if (!strcmp(path, "/dev/stderr"))
+        return _al_stderr_fd();
+    const char *n = !strncmp(path, "/dev/fd/", 8) ? path + 8 : !strncmp(path, "/proc/self/fd/", 14) ? path + 14 : NULL;
+    char *end;
+    long fd = n && *n >= '0' && *n <= '9' ? strtol(n, &end, 10) : -1;
+    if (fd < 0 || *end || fd > INT_MAX)
+        return -1;
+    return fd == STDERR_FILENO ? _al_stderr_fd() : (int)fd;
+}
+
+/* PATH opened for a report, and how: *FRESH where it is a regular file of its own, emptied
+ * (a failed write may remove it). A file that is one of the program's standard streams
+ * (--text /dev/stderr, -o /dev/stdout on a log file) is written through the program's own
+ * descriptor, where the program writes next, never emptied nor removed: what its stdio still
+ * holds at exit then follows the report instead of overwriting it. A FIFO with no reader is an
+ * error (ENXIO) rather than a wait, with the ending signals blocked, that nothing but SIGKILL
+ * ends. -1 with errno. */
+static int open_report(const char *path, bool *fresh)
+{
+    *fresh = false;
+    int stream = stream_fd(path);
+    if (stream >= 0 && (fcntl(stream, F_GETFL) & O_ACCMODE) != O_RDONLY)
+        return fcntl(stream, F_DUPFD_CLOEXEC, 3);
+    /* No controlling terminal taken, where PATH is one and this a session leader. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOCTTY | O_CLOEXEC | O_NONBLOCK, 0644);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        return fd;
+    if (S_ISREG(st.st_mode)) {
+        const int streams[] = { STDOUT_FILENO, STDERR_FILENO, _al_stderr_fd() };
+        for (unsigned i = 0; i < 3; i++)
+            if (streams[i] != fd && same_file(streams[i], &st) &&
+                (fcntl(streams[i], F_GETFL) & O_ACCMODE) != O_RDONLY) {
+                close(fd);
+                return fcntl(streams[i], F_DUPFD_CLOEXEC, 3);
+            }
+        *fresh = ftruncate(fd, 0) == 0;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 /* OUTPUT.<pid>.json, or OUTPUT.<pid>.<n>.json when taken; opened with O_EXCL, *MADE set. Where
- * OUTPUT is there and not a regular file (-o /dev/null, a pipe), OUTPUT itself: no file is made
- * beside it (in /dev), and none may be removed (a failed exec's, _al_report_forget_exec). */
+ * OUTPUT is there and not a regular file (-o /dev/null, a pipe), or names one of the program's
+ * streams (-o /dev/stdout), OUTPUT itself: no file is made beside it (in /dev), and none may be
+ * removed (a failed exec's, _al_report_forget_exec). */
 static int open_side_report(const char *output, pid_t pid, char *path, size_t cap, bool *made)
 {
     struct stat st;
+    bool fresh;
     *made = false;
+    if (stream_fd(output) >= 0) { /* -o /dev/stdout: every process's report on that stream */
+        snprintf(path, cap, "%s", output);
+        return open_report(path, &fresh);
+    }
     if (stat(output, &st) == 0 && !S_ISREG(st.st_mode)) {
         snprintf(path, cap, "%s", output);
         return open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
@@ -207,48 +277,6 @@ static int open_side_report(const char *output, pid_t pid, char *path, size_t ca
             return fd;
     }
     return -1;
-}
-
-/* Whether FD is open on the same file as ST (by device and inode). */
-static bool same_file(int fd, const struct stat *st)
-{
-    struct stat o;
-    return fd >= 0 && fstat(fd, &o) == 0 && o.st_dev == st->st_dev && o.st_ino == st->st_ino;
-}
-
-/* PATH opened for a report, and how: *FRESH where it is a regular file of its own, emptied
- * (a failed write may remove it). A file that is one of the program's standard streams
- * (--text /dev/stderr, -o /dev/stdout on a log file) is written through the program's own
- * descriptor, where the program writes next, never emptied nor removed: what its stdio still
- * holds at exit then follows the report instead of overwriting it. A FIFO with no reader is an
- * error (ENXIO) rather than a wait, with the ending signals blocked, that nothing but SIGKILL
- * ends. -1 with errno. */
-static int open_report(const char *path, bool *fresh)
-{
-    *fresh = false;
-    /* No controlling terminal taken, where PATH is one and this a session leader. */
-    int fd = open(path, O_WRONLY | O_CREAT | O_NOCTTY | O_CLOEXEC | O_NONBLOCK, 0644);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0)
-        return fd;
-    if (S_ISREG(st.st_mode)) {
-        const int streams[] = { STDOUT_FILENO, STDERR_FILENO, _al_stderr_fd() };
-        for (unsigned i = 0; i < 3; i++)
-            if (streams[i] != fd && same_file(streams[i], &st) &&
-                (fcntl(streams[i], F_GETFL) & O_ACCMODE) != O_RDONLY) {
-                close(fd);
-                return fcntl(streams[i], F_DUPFD_CLOEXEC, 3);
-            }
-        *fresh = ftruncate(fd, 0) == 0;
-    }
-    int flags = fcntl(fd, F_GETFL);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    return fd;
 }
 
 /* The text MAKE writes for R, to FD as it is made (-1: its open failed, errno says why). FD is
@@ -279,9 +307,11 @@ static void write_to(int fd, const char *path, bool own, bool fresh,
         close(fd);
     /* A path of thousands of bytes would push the reason out of the line: its end is shown. */
     size_t len = strlen(path);
+    bool fifo = e == -ENXIO && stat(path, &st) == 0 && S_ISFIFO(st.st_mode);
     if (e < 0)
         _al_log("cannot write the report to %s%s: %s%s", len > 400 ? "..." : "", len > 400 ? path + len - 400 : path,
-                e == -ENXIO ? "a FIFO with no reader" : strerror(-e), cut ? " (the part written is removed)" : "");
+                fifo ? "a FIFO with no reader" : e == -EBADF ? "the program has closed it" : strerror(-e),
+                cut ? " (the part written is removed)" : "");
 }
 
 struct write_args {

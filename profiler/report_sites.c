@@ -364,7 +364,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
     if (!_al_maps_each(mp->buf, sizeof mp->buf, add_mapping, mp))
         for (unsigned u = 0; u < _al_unloaded_count(); u++) {
             const struct al_unloaded *f = _al_unloaded_file(u);
-            if (add_file(mp, f->bias + f->lo, f->bias + f->hi, f->offset, f->path, false))
+            if (_al_unloaded_same_file(f) && add_file(mp, f->bias + f->lo, f->bias + f->hi, f->offset, f->path, false))
                 break;
         }
     bool took = _al_sampler_lock();

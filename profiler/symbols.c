@@ -392,7 +392,9 @@ static void make_table(void)
     _al_buf_putn(&b, "\n", 1);
     for (unsigned k = 0; k < _al_unloaded_count(); k++) {
         const struct al_unloaded *u = _al_unloaded_file(k);
-        _al_buf_printf(&b, "@%lx %s\n", (unsigned long)u->bias, u->path);
+        _al_buf_printf(&b, "@%lx %llx %llx %llx %llx %s\n", (unsigned long)u->bias, (unsigned long long)u->dev,
+                       (unsigned long long)u->ino, (unsigned long long)u->size, (unsigned long long)u->mtime_ns,
+                       u->path);
     }
     for (size_t i = 0; i < sym.n; i++)
         _al_buf_printf(&b, "%lx\n", (unsigned long)sym.e[i].pc);

@@ -8,8 +8,9 @@
  * (from AL_UNLOADED_BASE, AL_UNLOADED_SPAN per file): a frame at offset X of the file's load
  * bias becomes AL_UNLOADED_BASE + k * AL_UNLOADED_SPAN + X, the k-th unloaded file's. The
  * symbolizer is told where each such file is (its path and fake bias) and names its frames from
- * the file. A file loaded and unloaded again gets the same k (the same path, device and
- * inode): its frames of every load are the same addresses. */
+ * the file, if it is still the file it was (path, device, inode, size and modification time;
+ * else the frames are named after the file and their offset only). A file loaded and unloaded
+ * again gets the same k: its frames of every load are the same addresses. */
 #include <limits.h>
 #include <link.h>
 #include <stdlib.h>
@@ -140,10 +141,12 @@ static unsigned file_of(const char *path, const struct object *o)
         path = whole;
     struct stat st = { 0 };
     if (stat(path, &st) != 0)
-        st.st_dev = st.st_ino = 0;
+        memset(&st, 0, sizeof st);
+    uint64_t mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
     unsigned n = atomic_load(&nfiles);
     for (unsigned k = 0; k < n; k++)
-        if (files[k].dev == st.st_dev && files[k].ino == st.st_ino && !strcmp(files[k].path, path))
+        if (files[k].dev == st.st_dev && files[k].ino == st.st_ino && files[k].size == (uint64_t)st.st_size &&
+            files[k].mtime_ns == mtime_ns && !strcmp(files[k].path, path))
             return k;
     size_t len = strlen(path) + 1;
     if (n == AL_UNLOADED_MAX || len > sizeof paths - paths_len)
@@ -151,7 +154,7 @@ static unsigned file_of(const char *path, const struct object *o)
     char *copy = memcpy(paths + paths_len, path, len);
     paths_len += len;
     files[n] = (struct al_unloaded){
-        .path = copy, .dev = st.st_dev, .ino = st.st_ino,
+        .path = copy, .dev = st.st_dev, .ino = st.st_ino, .size = (uint64_t)st.st_size, .mtime_ns = mtime_ns,
         .bias = AL_UNLOADED_BASE + (uintptr_t)n * AL_UNLOADED_SPAN,
         .lo = o->lo - o->bias, .hi = o->hi - o->bias, .offset = o->offset };
     atomic_store(&nfiles, n + 1);
@@ -194,6 +197,14 @@ void _al_unloaded_after(struct al_objects *s)
         _al_sampler_unlock(took);
     }
     _al_mem_unmap(s, s->bytes);
+}
+
+bool _al_unloaded_same_file(const struct al_unloaded *u)
+{
+    struct stat st;
+    return stat(u->path, &st) == 0 && (uint64_t)st.st_dev == u->dev && (uint64_t)st.st_ino == u->ino &&
+           (uint64_t)st.st_size == u->size &&
+           (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec == u->mtime_ns;
 }
 
 unsigned _al_unloaded_count(void)

@@ -1,6 +1,6 @@
 /* The shadow table's level 1, the creation of region records (the rare path: once per MiB of
  * address space that comes to hold an object) and their taking down when the allocator unmaps
- * that MiB, what the table costs, and the rare flag changes of a granule byte (sampled,
+ * that MiB (kept for the next, their memory given back), what the table costs, and the rare flag changes of a granule byte (sampled,
  * --mode time's large-object mark). */
 #include <errno.h>
 #include <string.h>
@@ -59,6 +59,48 @@ void *_al_shadow_install(_Atomic(void *) *slot, size_t size, int flags, bool *wo
     return p;
 }
 
+/* Records taken down are kept mapped, their pages given back, for the next region to be made:
+ * never unmapped, as a lookup without the cache (the owners of the lines of an object that
+ * starts in the MiB before, shadow/usage.c) may still be reading one, and then reads zeros or
+ * another MiB's counts rather than fault. Linked through their first word, under a lock: both
+ * ends are rare paths. */
+static struct al_shadow_region *spares;
+static _Atomic bool spares_lock;
+static _Atomic uint64_t nspares;
+
+static void spares_take(void)
+{
+    while (atomic_exchange_explicit(&spares_lock, true, memory_order_acquire))
+        ;
+}
+
+static void spares_give(void)
+{
+    atomic_store_explicit(&spares_lock, false, memory_order_release);
+}
+
+static struct al_shadow_region *spare_pop(void)
+{
+    spares_take();
+    struct al_shadow_region *r = spares;
+    if (r) {
+        memcpy(&spares, r, sizeof spares);
+        memset(r, 0, sizeof(void *)); /* the link: the rest reads zero since given back */
+        atomic_fetch_sub_explicit(&nspares, 1, memory_order_relaxed);
+    }
+    spares_give();
+    return r;
+}
+
+static void spare_push(struct al_shadow_region *r)
+{
+    spares_take();
+    memcpy(r, &spares, sizeof spares);
+    spares = r;
+    atomic_fetch_add_explicit(&nspares, 1, memory_order_relaxed);
+    spares_give();
+}
+
 struct al_shadow_region *_al_shadow_region_create(uint64_t a)
 {
     uint64_t d = a >> AL_SHADOW_SLICE_SHIFT;
@@ -80,7 +122,13 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
         return NULL;
     _Atomic(struct al_shadow_region *) *slot = &s->region[(a >> AL_SHADOW_REGION_SHIFT) & (AL_SHADOW_SLICE_ENTRIES - 1)];
     struct al_shadow_region *r = atomic_load_explicit(slot, memory_order_acquire);
-    if (!r) {
+    if (!r && (r = spare_pop()) != NULL) {
+        struct al_shadow_region *expected = NULL;
+        if (!atomic_compare_exchange_strong_explicit(slot, &expected, r, memory_order_acq_rel, memory_order_acquire)) {
+            spare_push(r);
+            r = expected;
+        }
+    } else if (!r) {
         won = false;
         r = _al_shadow_install((_Atomic(void *) *)slot, sizeof *r, 0, &won);
         if (won)
@@ -89,19 +137,20 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t a)
     return r;
 }
 
-/* Records taken down at a time: cleared, then the epoch bumped, then unmapped. */
+/* Records taken down at a time: cleared, then the epoch bumped, then given back. */
 #define RELEASE_BATCH 64
 
-static void unmap_batch(struct al_shadow_region **batch, unsigned n)
+static void spare_batch(struct al_shadow_region **batch, unsigned n)
 {
     if (!n)
         return;
     /* After the slots are cleared: a thread filling its cache reads the epoch before the slot,
      * so any pointer it keeps from before is of an older epoch. */
     atomic_fetch_add_explicit(&_al_shadow.epoch, 1, memory_order_seq_cst);
-    for (unsigned i = 0; i < n; i++)
-        munmap(batch[i], sizeof *batch[i]);
-    atomic_fetch_sub_explicit(&_al_shadow.regions, n, memory_order_relaxed);
+    for (unsigned i = 0; i < n; i++) {
+        madvise(batch[i], sizeof *batch[i], MADV_DONTNEED);
+        spare_push(batch[i]);
+    }
 }
 
 void _al_shadow_release(uint64_t lo, uint64_t hi)
@@ -128,12 +177,12 @@ void _al_shadow_release(uint64_t lo, uint64_t hi)
                 continue;
             batch[n++] = r;
             if (n == RELEASE_BATCH) {
-                unmap_batch(batch, n);
+                spare_batch(batch, n);
                 n = 0;
             }
         }
     }
-    unmap_batch(batch, n);
+    spare_batch(batch, n);
 }
 
 __attribute__((noinline)) struct al_shadow_region *_al_shadow_region_fill(struct al_shadow_cache *c, uint64_t a,
@@ -216,6 +265,7 @@ size_t _al_shadow_footprint(void)
     size_t total = _al_shadow_dir_touched(slices, dir_bytes) + _al_shadow_heap_footprint();
     if (slices > SLICES_MAX)
         total += (slices - SLICES_MAX) * sizeof(struct al_shadow_slice);
+    total += atomic_load_explicit(&nspares, memory_order_relaxed) * 4096; /* the page with the link */
     for (uint64_t i = 0; i < slices && i < SLICES_MAX; i++) {
         struct al_shadow_slice *s = atomic_load_explicit(&slice_list[i], memory_order_acquire);
         if (!s)

@@ -87,7 +87,7 @@ struct al_shadow {
     _Atomic(struct al_shadow_slice *) *dir;
     uint64_t dir_entries;
     _Atomic uint64_t slices;      /* level-1 slices created */
-    _Atomic uint64_t regions;     /* region records mapped now */
+    _Atomic uint64_t regions;     /* region records mapped (in use, or spare) */
     /* Bumped when region records are taken down (_al_shadow_release): threads' caches of
      * region pointers kept from before are dropped at their next look. */
     _Atomic uint64_t epoch;
@@ -104,9 +104,10 @@ extern struct al_shadow _al_shadow;
 int _al_shadow_init(void);
 struct al_shadow_region *_al_shadow_region_create(uint64_t address);
 /* The allocator is about to unmap [LO, HI): the region records of the MiBs wholly inside it
- * are taken down (nothing lives there any more). Without it an allocator that maps its big
- * blocks at ever new addresses (mimalloc) had the table grow with every block: 19.6 GiB for a
- * program of 2 MiB, over two minutes. */
+ * are taken down (nothing lives there any more), their memory given back and the records kept
+ * for MiBs to come. Without it an allocator that maps its big blocks at ever new addresses
+ * (mimalloc) had the table grow with every block: 19.6 GiB for a program of 2 MiB, over two
+ * minutes. */
 void _al_shadow_release(uint64_t lo, uint64_t hi);
 /* Installs *SLOT from a fresh zeroed mapping of SIZE bytes (mmap FLAGS added) unless another
  * thread got there first; returns what the slot holds, *WON set if it is the new mapping. */
@@ -153,9 +154,9 @@ static inline __attribute__((always_inline)) struct al_shadow_region *_al_shadow
  * fall in the few MiB of heap it works in, and one compare saves the walk from the directory.
  * One entry was not enough: malloc_bench's heap of a few MiB sent two calls in five down the
  * walk, eight send almost none (18 walks in 1.9 million calls). The pointers kept are good
- * while the table's epoch is the one they were kept in: a record taken down since may be
- * unmapped. A thread looks a record up only for an address it was handed by the allocator,
- * after the unmapping that took it down, so the new epoch is seen first.
+ * while the table's epoch is the one they were kept in: a record taken down since may serve
+ * another MiB now. A thread looks a record up only for an address it was handed by the
+ * allocator, after the unmapping that took it down, so the new epoch is seen first.
  * AL_SHADOW_NO_KEY: nothing kept yet. */
 #define AL_SHADOW_CACHE_WAYS 8
 struct al_shadow_cache {

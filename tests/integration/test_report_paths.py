@@ -9,6 +9,8 @@ usage: test_report_paths.py
   stdio buffer, flushed after the report, overwrote the JSON's first bytes);
 - a report cut short by `ulimit -f` through a symbolic link: the link is not removed (the path
   was, whatever it named: as root, /dev/stderr itself);
+- `-o /dev/stdout` with children: their reports on the same stream, not files in /dev;
+- the program's stdout a socket: the report written on it (it could not be opened by name);
 - `-o FIFO` with no reader: the program ends as it would, one line says why (it waited for a
   reader for ever with SIGTERM blocked);
 - a side report whose name would pass PATH_MAX: one line, no file with a name cut short;
@@ -64,6 +66,36 @@ except ValueError as e:
 tap.ok(p.returncode == 0 and isinstance(rep, dict) and rep.get("schema", "").startswith("alloclens-report/")
        and rest == "" and data.splitlines().count("out-line") == 1,
        "-o /dev/stdout on a file: the JSON whole, and the program's output", data[:200] + " ... " + data[-200:])
+
+# -o /dev/stdout with children: their reports go to the same stream (they were made as files
+# /dev/stdout.<pid>.json, in /dev); a child that closed its stdout (coreutils) gets one line.
+before = set(os.listdir("/dev"))
+with open(os.path.join(tmp, "kids.txt"), "w") as f:
+    p = subprocess.run([A, "run", "-o", "/dev/stdout", "--text", "off", "--", "sh", "-c", "echo hi; sh -c 'echo x'; true"],
+                       stdout=f, stderr=subprocess.PIPE, timeout=60)
+made = sorted(set(os.listdir("/dev")) - before)
+for m in made:
+    if m.startswith("stdout."):
+        os.unlink(os.path.join("/dev", m))
+data = open(os.path.join(tmp, "kids.txt")).read()
+tap.ok(p.returncode == 0 and not [m for m in made if m.startswith("stdout.")] and data.count('"schema"') >= 2,
+       "-o /dev/stdout with children: their reports on the same stream, no file made in /dev",
+       f"made {made}; {data.count(chr(34) + 'schema' + chr(34))} reports; stderr {p.stderr.decode()[-300:]}")
+
+# The program's stdout a socket (journald's streams): it cannot be opened by its name, and the
+# report was lost with a line blaming a FIFO; it is written through the program's descriptor.
+import socket
+for args, what in ((["--text", "/dev/stdout"], "== alloclens report"), (["--text", "off", "-o", "/dev/stdout"], '"schema"')):
+    a, b = socket.socketpair()
+    p = subprocess.Popen([A, "run", *args, "--", "true"], stdout=b, stderr=subprocess.PIPE)
+    b.close()
+    got = b""
+    while chunk := a.recv(65536):
+        got += chunk
+    a.close()
+    err = p.communicate(timeout=60)[1].decode()
+    tap.ok(p.returncode == 0 and what in got.decode(errors="replace") and not err,
+           f"{' '.join(args)} with stdout a socket: the report on the socket, nothing on stderr", err[-300:])
 
 # A report cut short through a symbolic link: the link stays.
 link = os.path.join(tmp, "to-stderr")

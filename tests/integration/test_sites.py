@@ -842,19 +842,21 @@ def check_unloaded(tap, prog, plugins, tmp):
     named after its own library's function, in JSON and pprof (the first was named after the
     second's, which was mapped at its address at exit); where the unloaded file is gone too,
     its frames read as its name and offset."""
-    for mode, remove in (("full", False), ("sample", True)):
-        label = f"unloaded library, --mode {mode}" + (", its file deleted" if remove else "")
-        a = os.path.join(tmp, f"unloaded-{mode}-a.so")
+    for mode, remove in (("full", None), ("sample", "--remove"), ("full", "--replace")):
+        label = f"unloaded library, --mode {mode}" + {None: "", "--remove": ", its file deleted",
+                                                      "--replace": ", its file rebuilt in place"}[remove]
+        name = f"unloaded-{mode}{remove or ''}"
+        a = os.path.join(tmp, f"{name}-a.so")
         shutil.copy(plugins[0], a)
-        pprof = os.path.join(tmp, f"unloaded-{mode}.pb.gz")
-        proc, rep, truth, why = run([prog, "--unloaded", a, plugins[1]] + (["--remove"] if remove else []),
-                                    tmp, f"unloaded-{mode}",
+        pprof = os.path.join(tmp, f"{name}.pb.gz")
+        proc, rep, truth, why = run([prog, "--unloaded", a, plugins[1]] + ([remove] if remove else []),
+                                    tmp, name,
                                     extra=("--mode", mode, "--sample-rate", "1", "--pprof", pprof))
         if not tap.ok(not why, f"{label}: run completes, sites available", why):
             continue
         rows = site_rows(rep)
         inner = {num(r.get("allocated_bytes")): (r.get("stack") or [""])[0] for r in rows}
-        want_a = (rf"unloaded-{mode}-a\.so\+0x[0-9a-f]+ \(unloaded\)" if remove
+        want_a = (re.escape(f"{name}-a.so") + r"\+0x[0-9a-f]+ \(unloaded\)" if remove
                   else r"site_plugin_a \(.*sites_plugin\.c:\d+\)")
         tap.ok(re.fullmatch(want_a, inner.get(truth["a"], "")) is not None
                and re.fullmatch(r"site_plugin_b \(.*sites_plugin\.c:\d+\)", inner.get(truth["b"], "")),

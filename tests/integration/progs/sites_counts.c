@@ -19,9 +19,10 @@
  *                                function with its own line, then its caller with the line
  *                                of the inlined call. Prints {"line":N,"a":A,"b":B}: the
  *                                malloc's line and the two callers' lines of their calls
- *        sites_counts --unloaded A B [--remove]  loads library A (sites_plugin.c), mallocs
- *                                1 MiB from its site_plugin_a, unloads it (and with --remove
- *                                deletes its file), then loads B, most likely in its place,
+ *        sites_counts --unloaded A B [--remove|--replace]  loads library A (sites_plugin.c),
+ *                                mallocs 1 MiB from its site_plugin_a, unloads it (and with
+ *                                --remove deletes its file, with --replace writes B's bytes
+ *                                over it, in place: a rebuild), then loads B, most likely in its place,
  *                                and mallocs 2 MiB from its site_plugin_b; both live at exit.
  *                                Prints {"a":1048576,"b":2097152,"same_place":true|false}
  *                                (whether B was loaded where A was)
@@ -130,6 +131,20 @@ NOINL static void site_inlined_other_caller(int *line, int *call)
     __asm__ volatile("");
 }
 
+/* FROM's bytes written over TO, in place (the same inode): whether all were. */
+static bool copy_over(const char *from, const char *to)
+{
+    static char buf[1 << 20];
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "r+b");
+    size_t n = in ? fread(buf, 1, sizeof buf, in) : 0;
+    bool ok = in && out && n > 0 && n < sizeof buf && fwrite(buf, 1, n, out) == n && ftruncate(fileno(out), (off_t)n) == 0;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        ok = false;
+    return ok;
+}
+
 /* The library at PATH loaded, its function FN called for N bytes; the library's load address. */
 static void *plugin_malloc(const char *path, const char *fn, size_t n, void **handle)
 {
@@ -149,7 +164,8 @@ int main(int argc, char **argv)
         void *ha, *hb;
         void *a = plugin_malloc(argv[2], "site_plugin_a", 1 << 20, &ha);
         void *kept = sink;
-        if (dlclose(ha) != 0 || (argc > 4 && !strcmp(argv[4], "--remove") && unlink(argv[2]) != 0))
+        if (dlclose(ha) != 0 || (argc > 4 && !strcmp(argv[4], "--remove") && unlink(argv[2]) != 0) ||
+            (argc > 4 && !strcmp(argv[4], "--replace") && !copy_over(argv[3], argv[2])))
             return 4;
         void *b = plugin_malloc(argv[3], "site_plugin_b", 2 << 20, &hb);
         printf("{\"a\":%d,\"b\":%d,\"same_place\":%s}\n", 1 << 20, 2 << 20, a == b ? "true" : "false");
