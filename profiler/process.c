@@ -120,6 +120,7 @@ void _al_process_atfork_child(void)
     _al_sampler_unwind_unlock(fork_took_unwind);
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
+    _al_shadow_after_fork_child();
     _al_report_restart(0, NULL);
     _al_threads_fork_done();
 }

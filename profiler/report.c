@@ -177,7 +177,6 @@ void _al_report_row(const struct al_report *r, unsigned i, struct al_row_stats *
     s->p999 = _al_hist_quantile(h, binned, 0.999);
 }
 
-
 /* Whether FD is open on the same file as ST (by device and inode). */
 static bool same_file(int fd, const struct stat *st)
 {
@@ -185,9 +184,13 @@ static bool same_file(int fd, const struct stat *st)
     return fd >= 0 && fstat(fd, &o) == 0 && o.st_dev == st->st_dev && o.st_ino == st->st_ino;
 }
 
+#define NOT_A_STREAM (-2)
+
 /* The program's descriptor that PATH names (/dev/stdout, /dev/stderr, /dev/fd/N,
- * /proc/self/fd/N; its stderr is the one the run began with, kept: log.c), or -1. Written
- * through, not opened again: a socket (journald's streams) cannot be opened by its name. */
+ * /proc/self/fd/N), NOT_A_STREAM for any other path. Its stderr is the one the run began with,
+ * kept (log.c): -1 where the program put a file of its own there, which gets nothing of ours.
+ * Written through, not opened again: a socket (journald's streams) cannot be opened by its
+ * name, and the program may have closed its fd 2. */
 static int stream_fd(const char *path)
 {
     if (!strcmp(path, "/dev/stdout"))
@@ -198,7 +201,7 @@ static int stream_fd(const char *path)
     char *end;
     long fd = n && *n >= '0' && *n <= '9' ? strtol(n, &end, 10) : -1;
     if (fd < 0 || *end || fd > INT_MAX)
-        return -1;
+        return NOT_A_STREAM;
     return fd == STDERR_FILENO ? _al_stderr_fd() : (int)fd;
 }
 
@@ -213,8 +216,11 @@ static int open_report(const char *path, bool *fresh)
 {
     *fresh = false;
     int stream = stream_fd(path);
-    if (stream >= 0 && (fcntl(stream, F_GETFL) & O_ACCMODE) != O_RDONLY)
-        return fcntl(stream, F_DUPFD_CLOEXEC, 3);
+    if (stream != NOT_A_STREAM) {
+        int flags = stream >= 0 ? fcntl(stream, F_GETFL) : -1;
+        errno = flags < 0 ? EBADF : EACCES; /* closed (or the program's own stderr); read-only */
+        return flags >= 0 && (flags & O_ACCMODE) != O_RDONLY ? fcntl(stream, F_DUPFD_CLOEXEC, 3) : -1;
+    }
     /* No controlling terminal taken, where PATH is one and this a session leader. */
     int fd = open(path, O_WRONLY | O_CREAT | O_NOCTTY | O_CLOEXEC | O_NONBLOCK, 0644);
     struct stat st;
@@ -249,7 +255,7 @@ static int open_side_report(const char *output, pid_t pid, char *path, size_t ca
     struct stat st;
     bool fresh;
     *made = false;
-    if (stream_fd(output) >= 0) { /* -o /dev/stdout: every process's report on that stream */
+    if (stream_fd(output) != NOT_A_STREAM) { /* -o /dev/stdout: every process's on that stream */
         snprintf(path, cap, "%s", output);
         return open_report(path, &fresh);
     }
@@ -379,10 +385,7 @@ static void write_report(struct write_args *w)
     if (main_image && _al_settings.pprof)
         _al_report_pprof(_al_settings.pprof, r->runtime_ns);
     if (main_image && _al_settings.text) {
-        /* The program's stderr by any name is the one the run began with, kept (log.c): the
-         * program may have closed its fd 2 by now. */
-        const char *t = _al_settings.text;
-        if (!strcmp(t, "-") || !strcmp(t, "/dev/stderr") || !strcmp(t, "/dev/fd/2") || !strcmp(t, "/proc/self/fd/2")) {
+        if (strcmp(_al_settings.text, "-") == 0) {
             int fd = _al_stderr_fd();
             if (fd >= 0)
                 write_to(fd, "stderr", false, false, _al_report_text, r, ending);

@@ -1,7 +1,7 @@
 /* The shadow table's level 1, the creation of region records (the rare path: once per MiB of
  * address space that comes to hold an object) and their taking down when the allocator unmaps
- * that MiB (kept for the next, their memory given back), what the table costs, and the rare flag changes of a granule byte (sampled,
- * --mode time's large-object mark). */
+ * that MiB (kept for the next, their memory given back), what the table costs, and the rare
+ * flag changes of a granule byte (sampled, --mode time's large-object mark). */
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -90,6 +90,12 @@ static struct al_shadow_region *spare_pop(void)
     }
     spares_give();
     return r;
+}
+
+/* A thread of the parent was taking or giving a spare when the program forked. */
+void _al_shadow_after_fork_child(void)
+{
+    spares_give();
 }
 
 static void spare_push(struct al_shadow_region *r)

@@ -109,6 +109,9 @@ struct al_shadow_region *_al_shadow_region_create(uint64_t address);
  * (mimalloc) had the table grow with every block: 19.6 GiB for a program of 2 MiB, over two
  * minutes. */
 void _al_shadow_release(uint64_t lo, uint64_t hi);
+/* In a forked child: the lock of the records kept for reuse freed (a thread of the parent may
+ * have held it). */
+void _al_shadow_after_fork_child(void);
 /* Installs *SLOT from a fresh zeroed mapping of SIZE bytes (mmap FLAGS added) unless another
  * thread got there first; returns what the slot holds, *WON set if it is the new mapping. */
 void *_al_shadow_install(_Atomic(void *) *slot, size_t size, int flags, bool *won);
