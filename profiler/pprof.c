@@ -250,22 +250,6 @@ static uint32_t function_id(struct pp *w, const char *name, const char *file)
     return (uint32_t)table_add(w, &w->tfunc, sl, &w->funcs, &r, sizeof r);
 }
 
-/* What code at ADDRESS was inlined into; NULL where it is not inlined code. */
-static const struct al_pprof_inlined *inlined_at(const struct al_pprof_profile *p, uint64_t address)
-{
-    if (!p->inlined)
-        return NULL;
-    size_t lo = 0, hi = p->ninlined;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (p->inlined[mid].address < address)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < p->ninlined && p->inlined[lo].address == address ? &p->inlined[lo] : NULL;
-}
-
 /* A Line of the location being recorded, for function FN (none where FN is NULL): how many. */
 static size_t add_line(struct pp *w, const char *fn, const char *file, int64_t line)
 {
@@ -295,9 +279,8 @@ static uint64_t location_id(struct pp *w, const struct al_pprof_frame *f)
                          .first_line = ARR_LEN(w->lines, struct line_rec) };
     if (f->function) {
         r.nlines += add_line(w, f->function, f->file, f->line);
-        const struct al_pprof_inlined *in = inlined_at(w->p, f->address);
-        for (uint32_t i = 0; in && i < in->nlines; i++)
-            r.nlines += add_line(w, in->lines[i].function, in->lines[i].file, in->lines[i].line);
+        for (uint32_t i = 0; i < f->ninlined; i++)
+            r.nlines += add_line(w, f->inlined[i].function, f->inlined[i].file, f->inlined[i].line);
     }
     if (w->failed)
         return 0;
@@ -617,9 +600,10 @@ int _al_pprof_write(const char *path, const struct al_pprof_profile *p, char *er
     for (uint32_t i = 0; i < p->nsamples; i++)
         if (p->samples[i].nframes && !p->samples[i].frames)
             return fail(err, errcap, path, -EINVAL, "invalid profile");
-    for (uint32_t i = 0; p->inlined && i < p->ninlined; i++)
-        if (p->inlined[i].nlines && !p->inlined[i].lines)
-            return fail(err, errcap, path, -EINVAL, "invalid profile");
+    for (uint32_t i = 0; i < p->nsamples; i++)
+        for (uint32_t f = 0; f < p->samples[i].nframes; f++)
+            if (p->samples[i].frames[f].ninlined && !p->samples[i].frames[f].inlined)
+                return fail(err, errcap, path, -EINVAL, "invalid profile");
 
     struct pp *w = _al_mem_map(sizeof *w);
     if (!w)

@@ -16,14 +16,6 @@ struct al_pprof_mapping {
     const char *build_id;      /* hex, or NULL */
 };
 
-struct al_pprof_frame {
-    uint64_t address;
-    const char *function;      /* NULL when unknown; in inlined code, the innermost inlined one */
-    const char *file;          /* NULL when unknown */
-    int64_t line;              /* 0 when unknown */
-    uint32_t mapping;          /* 1-based index into mappings; 0 when unknown */
-};
-
 /* A function that the code at a frame's address was inlined into, with the line of that call. */
 struct al_pprof_line {
     const char *function;      /* NULL when unknown: no Line is written for it */
@@ -31,13 +23,17 @@ struct al_pprof_line {
     int64_t line;
 };
 
-/* The functions a frame's function was inlined into at ADDRESS, out to the one the code was
- * compiled into: its Location's Lines after the frame's own, innermost first, as profile.proto
- * has them. Kept per address, as Locations are: a frame names its innermost function only. */
-struct al_pprof_inlined {
+struct al_pprof_frame {
     uint64_t address;
-    uint32_t nlines;
-    const struct al_pprof_line *lines;
+    const char *function;      /* NULL when unknown; in inlined code, the innermost inlined one */
+    const char *file;          /* NULL when unknown */
+    int64_t line;              /* 0 when unknown */
+    uint32_t mapping;          /* 1-based index into mappings; 0 when unknown */
+    /* In inlined code, the functions FUNCTION was inlined into, out to the one the code was
+     * compiled into: the Location's Lines after the frame's own, innermost first, as
+     * profile.proto has them. */
+    uint32_t ninlined;
+    const struct al_pprof_line *inlined;
 };
 
 struct al_pprof_sample {
@@ -53,8 +49,6 @@ struct al_pprof_profile {
     uint32_t nsamples;
     int64_t period;            /* the sampling rate in bytes */
     int64_t time_nanos, duration_nanos;
-    const struct al_pprof_inlined *inlined; /* sorted by address (repeats allowed); NULL: none */
-    uint32_t ninlined;
 };
 
 /* Opens zlib and libelf for the two below (once; whether they are there). Where a profile is

@@ -301,47 +301,19 @@ static bool add_mapping(const struct al_map *map, void *arg)
     return add_file(arg, map->lo, map->hi, map->offset, map->path, true);
 }
 
-/* What the sites' frames in inlined code were inlined into, for the profile's Lines. */
-struct inlined {
-    struct al_pprof_inlined *at; /* one per frame in inlined code, sorted by address at the end */
-    struct al_pprof_line *lines;
-    size_t nat, nlines;          /* room */
-    size_t used_at, used_lines;
-};
-
-/* Room for the first N sites' frames; false when out of memory. */
-static bool inlined_room(struct inlined *in, uint32_t n)
+/* Room for the functions the first N sites' frames were inlined into, for the profile's
+ * Lines; NULL where there are none (*N_LINES 0) or memory is out. */
+static struct al_pprof_line *inlined_room(uint32_t n, size_t *n_lines)
 {
+    *n_lines = 0;
     for (uint32_t i = 0; i < n; i++)
         for (uint32_t f = 0; f < _al_site(i)->nframes; f++) {
             struct al_symbol s;
             _al_symbolize(_al_site(i)->frames[f], &s);
-            in->nat += s.inlined_into != NULL;
             for (const struct al_symbol *x = s.inlined_into; x; x = x->inlined_into)
-                in->nlines++;
+                ++*n_lines;
         }
-    if (!in->nat)
-        return true;
-    in->at = _al_mem_map(in->nat * sizeof *in->at);
-    in->lines = _al_mem_map(in->nlines * sizeof *in->lines);
-    return in->at && in->lines;
-}
-
-/* The functions S (a frame's at ADDRESS) was inlined into, where it was. */
-static void inlined_add(struct inlined *in, uint64_t address, const struct al_symbol *s)
-{
-    if (!s->inlined_into)
-        return;
-    struct al_pprof_inlined *a = &in->at[in->used_at++];
-    *a = (struct al_pprof_inlined){ .address = address, .lines = &in->lines[in->used_lines] };
-    for (const struct al_symbol *x = s->inlined_into; x; x = x->inlined_into, a->nlines++)
-        in->lines[in->used_lines++] = (struct al_pprof_line){ x->function, x->file, x->file ? x->line : 0 };
-}
-
-static int by_address(const void *a, const void *b)
-{
-    uint64_t x = ((const struct al_pprof_inlined *)a)->address, y = ((const struct al_pprof_inlined *)b)->address;
-    return x < y ? -1 : x > y;
+    return *n_lines ? _al_mem_map(*n_lines * sizeof(struct al_pprof_line)) : NULL;
 }
 
 void _al_report_pprof(const char *path, uint64_t runtime_ns)
@@ -352,7 +324,8 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
     }
     uint32_t n = _al_sampler.nsites;
     size_t frames_n = (size_t)n * AL_SITE_FRAMES + 1;
-    struct inlined in = { 0 };
+    struct al_pprof_line *lines = NULL;
+    size_t n_lines = 0, used_lines = 0;
     struct maps *mp = _al_mem_map(sizeof *mp);
     struct al_pprof_sample *samples = _al_mem_map((n + 1) * sizeof *samples);
     struct al_pprof_frame *frames = _al_mem_map(frames_n * sizeof *frames);
@@ -368,7 +341,7 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
                 break;
         }
     bool took = _al_sampler_lock();
-    if (!inlined_room(&in, n)) {
+    if (!(lines = inlined_room(n, &n_lines)) && n_lines) {
         _al_sampler_unlock(took);
         _al_log("out of memory writing the pprof profile %s", path);
         goto out;
@@ -390,7 +363,9 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
             fr->function = s.function; /* the symbol table's: there until the process ends */
             fr->file = s.file;
             fr->line = s.file ? s.line : 0;
-            inlined_add(&in, fr->address, &s);
+            fr->inlined = &lines[used_lines];
+            for (const struct al_symbol *x = s.inlined_into; x; x = x->inlined_into, fr->ninlined++)
+                lines[used_lines++] = (struct al_pprof_line){ x->function, x->file, x->file ? x->line : 0 };
             for (uint32_t m = 0; m < mp->n; m++)
                 if (fr->address >= mp->m[m].start && fr->address < mp->m[m].limit)
                     fr->mapping = m + 1;
@@ -406,16 +381,13 @@ void _al_report_pprof(const char *path, uint64_t runtime_ns)
         frames[k++] = (struct al_pprof_frame){ .function = PAST_TABLE };
     }
     _al_sampler_unlock(took);
-    _al_sort(in.at, in.used_at, sizeof *in.at, by_address);
     struct al_pprof_profile p = { .mappings = mp->m, .nmappings = mp->n, .samples = samples, .nsamples = nsamples,
-                                  .period = (int64_t)_al_sampler.rate, .duration_nanos = (int64_t)runtime_ns,
-                                  .inlined = in.at, .ninlined = (uint32_t)in.used_at };
+                                  .period = (int64_t)_al_sampler.rate, .duration_nanos = (int64_t)runtime_ns };
     char err[512];
     if (_al_pprof_write(path, &p, err, sizeof err) < 0)
         _al_log("%s", err);
 out: /* unmapping NULL does nothing */
-    _al_mem_unmap(in.at, in.nat * sizeof *in.at);
-    _al_mem_unmap(in.lines, in.nlines * sizeof *in.lines);
+    _al_mem_unmap(lines, n_lines * sizeof *lines);
     _al_mem_unmap(frames, frames_n * sizeof *frames);
     _al_mem_unmap(samples, (n + 1) * sizeof *samples);
     _al_mem_unmap(mp, sizeof *mp);

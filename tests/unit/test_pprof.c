@@ -408,11 +408,11 @@ static char true_build_id[128];
 
 enum { M_TRUE = 1, M_LIB = 2 };
 
-static const struct al_pprof_frame f_main = { 0x401000, "main", "main.c", 10, M_TRUE };
-static const struct al_pprof_frame f_make = { 0x401100, "make_buffer", "buf.c", 42, M_TRUE };
-static const struct al_pprof_frame f_lib_anon = { 0x7f0000001234, NULL, NULL, 0, M_LIB };
-static const struct al_pprof_frame f_lib_helper = { 0x7f0000002000, "lib_helper", NULL, 0, M_LIB };
-static const struct al_pprof_frame f_unknown = { 0xdead0, NULL, NULL, 0, 0 };
+static const struct al_pprof_frame f_main = { 0x401000, "main", "main.c", 10, M_TRUE, 0, NULL };
+static const struct al_pprof_frame f_make = { 0x401100, "make_buffer", "buf.c", 42, M_TRUE, 0, NULL };
+static const struct al_pprof_frame f_lib_anon = { 0x7f0000001234, NULL, NULL, 0, M_LIB, 0, NULL };
+static const struct al_pprof_frame f_lib_helper = { 0x7f0000002000, "lib_helper", NULL, 0, M_LIB, 0, NULL };
+static const struct al_pprof_frame f_unknown = { 0xdead0, NULL, NULL, 0, 0, 0, NULL };
 
 static struct al_pprof_frame s1[2], s2[3], s3[3];
 static struct al_pprof_mapping maps[2];
@@ -544,7 +544,7 @@ START_TEST(large_profile_decodes)
     for (int i = 0; i < NADDR; i++) {
         snprintf(names[i], sizeof names[i], "fn_%d", i / 2); /* two addresses per function */
         pool[i] = (struct al_pprof_frame){ 0x10000 + 16 * (uint64_t)i, i % 7 ? names[i] : NULL,
-                                           i % 3 ? "big.c" : NULL, i % 5 ? i : 0, (uint32_t)(i % 3) };
+                                           i % 3 ? "big.c" : NULL, i % 5 ? i : 0, (uint32_t)(i % 3), 0, NULL };
     }
     struct al_pprof_frame *frames = calloc((size_t)NSAMPLES * MAXDEPTH, sizeof *frames);
     struct al_pprof_sample *ss = calloc(NSAMPLES, sizeof *ss);
