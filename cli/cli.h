@@ -79,9 +79,9 @@ int _al_cli_value_given(const char *opt, const char *value, bool is_option);
  * -1: every option takes one value, and a later one silently taking the place of the first
  * would lose what was asked. */
 int _al_cli_once(const char *opt, const char *before, const char *value);
-/* S in OUT (CAP bytes, cut short where full) with its control characters written as C escapes
- * (\n, \t, \r, \xHH), so that a message showing a value stays one line; OUT. The library's
- * messages get the same (profiler/log.c). */
+/* S in OUT (CAP bytes, cut short where full, NUL-terminated) with its control characters
+ * written as C escapes (_al_escape_controls, as the library's messages have them), so that a
+ * message showing a value stays one line; OUT. */
 const char *_al_cli_escaped(const char *s, char *out, size_t cap);
 /* 0 when MODE names a mode (full, time, sample), else -1 after one line saying it does not. */
 int _al_cli_check_mode(const char *mode);

@@ -92,23 +92,7 @@ int _al_cli_once(const char *opt, const char *before, const char *value)
 
 const char *_al_cli_escaped(const char *s, char *out, size_t cap)
 {
-    size_t o = 0;
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char esc[5];
-        int n;
-        if (c == '\n' || c == '\t' || c == '\r')
-            n = snprintf(esc, sizeof esc, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
-        else if (c < 0x20 || c == 0x7f)
-            n = snprintf(esc, sizeof esc, "\\x%02x", c);
-        else
-            n = snprintf(esc, sizeof esc, "%c", c);
-        if (o + (size_t)n >= cap)
-            break;
-        memcpy(out + o, esc, (size_t)n);
-        o += (size_t)n;
-    }
-    out[o] = '\0';
+    out[_al_escape_controls(s, strlen(s), out, cap - 1)] = '\0';
     return out;
 }
 

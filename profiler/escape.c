@@ -1,11 +1,34 @@
-/* Text made safe to show: UTF-8 told from stray bytes, and a command line's arguments as shell
- * words. Shared by the library's text report and the CLI's rendering of a saved one (the options
- * library, which both link), so that the two show a command line alike. */
+/* Text made safe to show: control characters as C escapes, UTF-8 told from stray bytes, and a
+ * command line's arguments as shell words. Shared by the library and the CLI (the options
+ * library, which both link): their messages and their renderings of a report alike. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "profiler.h"
+
+size_t _al_escape_controls(const char *text, size_t len, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)text[i];
+        char esc[5];
+        size_t n;
+        if (c == '\n' || c == '\t' || c == '\r')
+            n = (size_t)snprintf(esc, sizeof esc, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
+        else if (c < 0x20 || c == 0x7f)
+            n = (size_t)snprintf(esc, sizeof esc, "\\x%02x", c);
+        else {
+            esc[0] = (char)c;
+            n = 1;
+        }
+        if (o + n > cap)
+            break;
+        memcpy(out + o, esc, n);
+        o += n;
+    }
+    return o;
+}
 
 size_t _al_utf8_len(const unsigned char *p)
 {

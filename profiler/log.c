@@ -157,33 +157,6 @@ int _al_write_all(int fd, const void *data, size_t len)
 
 static _Atomic int messages;
 
-/* TEXT (LEN bytes) into OUT (CAP bytes) with its control characters written as C
- * escapes (\n, \t, \r, \xHH): a value that holds a newline (an option set to "5\n") stays on
- * the message's one line. Cut short, at a whole character or escape, where OUT is full; the
- * length written. */
-static size_t escape_controls(const char *text, size_t len, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)text[i];
-        char esc[5];
-        size_t n;
-        if (c == '\n' || c == '\t' || c == '\r')
-            n = (size_t)snprintf(esc, sizeof esc, "\\%c", c == '\n' ? 'n' : c == '\t' ? 't' : 'r');
-        else if (c < 0x20 || c == 0x7f)
-            n = (size_t)snprintf(esc, sizeof esc, "\\x%02x", c);
-        else {
-            esc[0] = (char)c;
-            n = 1;
-        }
-        if (o + n > cap)
-            break;
-        memcpy(out + o, esc, n);
-        o += n;
-    }
-    return o;
-}
-
 void _al_log(const char *fmt, ...)
 {
     int n = atomic_fetch_add_explicit(&messages, 1, memory_order_relaxed);
@@ -197,7 +170,7 @@ void _al_log(const char *fmt, ...)
     va_end(ap);
     if (len < 0)
         return;
-    size_t total = (size_t)off + escape_controls(text, (size_t)len < sizeof text ? (size_t)len : sizeof text - 1,
+    size_t total = (size_t)off + _al_escape_controls(text, (size_t)len < sizeof text ? (size_t)len : sizeof text - 1,
                                                  line + off, sizeof line - (size_t)off - 1);
     line[total++] = '\n';
     int fd = _al_stderr_fd();

@@ -283,6 +283,12 @@ void _al_buf_shell_word(struct al_buf *b, const char *s, size_t n);
 
 /* ---- escape.c: text made safe to show ------------------------------------------------------ */
 
+/* TEXT (LEN bytes) into OUT (CAP bytes, no NUL added) with its control characters written as C
+ * escapes (\n, \t, \r, \xHH): a value that holds a newline (an option set to "5\n") stays on
+ * its message's one line. Cut short, at a whole character or escape, where OUT is full; the
+ * length written. */
+size_t _al_escape_controls(const char *text, size_t len, char *out, size_t cap);
+
 /* The length of the well-formed UTF-8 sequence at P, whose first byte is 0x80 or more; 0 where
  * it is none (a stray byte, overlong, a surrogate, past U+10FFFF, cut short). */
 size_t _al_utf8_len(const unsigned char *p);
