@@ -255,13 +255,11 @@ static int open_side_report(const char *output, pid_t pid, char *path, size_t ca
     struct stat st;
     bool fresh;
     *made = false;
-    if (stream_fd(output) != NOT_A_STREAM) { /* -o /dev/stdout: every process's on that stream */
+    /* -o /dev/stdout, /dev/null, a FIFO: every process's report there, opened as the main one's
+     * is (a FIFO without a reader is no wait). */
+    if (stream_fd(output) != NOT_A_STREAM || (stat(output, &st) == 0 && !S_ISREG(st.st_mode))) {
         snprintf(path, cap, "%s", output);
         return open_report(path, &fresh);
-    }
-    if (stat(output, &st) == 0 && !S_ISREG(st.st_mode)) {
-        snprintf(path, cap, "%s", output);
-        return open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
     }
     *made = true;
     size_t len = strlen(output);

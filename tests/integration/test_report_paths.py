@@ -118,6 +118,15 @@ try:
            "-o FIFO with no reader: the program's status, one line naming the FIFO", p.stderr.decode())
 except subprocess.TimeoutExpired:
     tap.ok(False, "-o FIFO with no reader: the program's status, one line naming the FIFO", "no exit in 60 s")
+# Its children too (a side report opened the FIFO and waited for a reader).
+try:
+    p = run(["-o", fifo, "--text", "off", "--", "sh", "-c", "ls / >/dev/null; exit 4"])
+    lines = p.stderr.decode().splitlines()
+    tap.ok(p.returncode == 4 and len(lines) == 2 and all("FIFO with no reader" in l for l in lines),
+           "-o FIFO with no reader, a child writing its own report: no wait, one line each", p.stderr.decode())
+except subprocess.TimeoutExpired:
+    tap.ok(False, "-o FIFO with no reader, a child writing its own report: no wait, one line each",
+           "no exit in 60 s")
 
 # A side report's name past PATH_MAX.
 deep = tmp
