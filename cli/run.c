@@ -274,7 +274,6 @@ static bool is_run_option(const char *a)
 int _al_cli_cmd_run(int argc, char **argv)
 {
     const char *alloc_arg = "glibc";
-    bool events_flag = false; /* --events given, rather than ALLOCLENS_EVENTS inherited */
     const char *alloc_given = NULL, *given[AL_OPT_N] = { NULL }; /* each option's value */
     int i = 1;
     for (; i < argc; i++) {
@@ -315,7 +314,6 @@ int _al_cli_cmd_run(int argc, char **argv)
             alloc_arg = value;
         else if (set_value(o, value) < 0)
             return 2;
-        events_flag |= o == &_al_options[AL_OPT_EVENTS];
     }
     if (i >= argc) {
         fprintf(stderr, "alloclens: no command to run (usage: alloclens run [options] -- CMD [ARGS...])\n");
@@ -326,5 +324,5 @@ int _al_cli_cmd_run(int argc, char **argv)
     struct al_found_allocator alloc;
     if (_al_cli_resolve_allocator(alloc_arg, &alloc) < 0)
         return 2;
-    return exec_profiled(&alloc, argv + i, events_flag ? "--events" : _al_options[AL_OPT_EVENTS].env);
+    return exec_profiled(&alloc, argv + i, given[AL_OPT_EVENTS] ? "--events" : _al_options[AL_OPT_EVENTS].env);
 }
