@@ -317,14 +317,13 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
     return AL_SITES_MAX;
 }
 
-/* libunwind keeps its caches (unwind rules, each thread's frames) behind pthread mutexes of its
- * own and does nothing about them at fork: a fork while another thread unwound left such a
- * mutex held in the child, whose threads then waited on it for good at their first sample.
- * Unwinding is one thread at a time under this lock, which fork takes first. A fork from a
- * handler that interrupted the unwinding thread finds the lock its own (owned_lock) and forks
- * with that thread's unwind under way, to be finished in both processes once the handler
- * returns. The window left is a thread's exit, when libunwind frees that thread's frame cache
- * under its own lock (a few instructions). */
+/* libunwind keeps its cache of unwind rules behind a pthread mutex of its own and does nothing
+ * about it at fork: a fork while another thread unwound left the mutex held in the child,
+ * whose threads then waited on it for good at their first sample. Unwinding is one thread at
+ * a time under this lock, which fork takes first; unwind.c's table of frame rules is under it
+ * too. A fork from a handler that interrupted the unwinding thread finds the lock its own
+ * (owned_lock) and forks with that thread's unwind under way, to be finished in both
+ * processes once the handler returns. */
 static _Atomic uintptr_t unwind_lock;
 
 bool _al_sampler_unwind_lock(void)
@@ -367,7 +366,7 @@ int _al_sampler_backtrace(void **raw, int max)
         return 0;
     bool took = _al_sampler_unwind_lock();
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
-    int n = unw_backtrace(raw, max);
+    int n = _al_unwind_backtrace(raw, max);
     _al_fds_ours = false;
     _al_sampler_unwind_unlock(took);
     return n;

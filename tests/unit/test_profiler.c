@@ -3,8 +3,9 @@
  * warned about and defaulted), row indexing, the report buffer's JSON escaping, our descriptors'
  * table, the seccomp filter interpreter and what a filter refuses, the heap's residency after
  * an unmap alloclens did not see, file capabilities and LD_PRELOAD's reach, the look-up in a
- * loaded object's GNU hash table that spares start-up its failed dlsym calls, and the sampler's
- * table of live samples growing from its small start. */
+ * loaded object's GNU hash table that spares start-up its failed dlsym calls, the sampler's
+ * table of live samples growing from its small start, and its stack walks (the same frames as
+ * libunwind's, rules learned once, no memory per thread). */
 #include <check.h>
 #include <dlfcn.h>
 #include <sys/auxv.h>
@@ -30,6 +31,11 @@
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
+
+#define UNW_LOCAL_ONLY
+#include <alloca.h>
+#include <libunwind.h>
+#include <signal.h>
 
 #include "profiler.h"
 #include "sampler.h"
@@ -742,6 +748,204 @@ START_TEST(sampler_tables_grow)
 }
 END_TEST
 
+/* ---- stack walks (unwind.c) ------------------------------------------------------------------ */
+
+/* The reference: libunwind's walk, step by step. */
+static AL_NOINLINE int reference_walk(void **raw, int max)
+{
+    unw_context_t uc;
+    unw_cursor_t c;
+    unw_getcontext(&uc);
+    ck_assert_int_eq(unw_init_local(&c, &uc), 0);
+    int n = 0;
+    do {
+        unw_word_t ip;
+        ck_assert_int_eq(unw_get_reg(&c, UNW_REG_IP, &ip), 0);
+        raw[n++] = (void *)ip;
+    } while (n < max && unw_step(&c) > 0);
+    return n;
+}
+
+enum { WALKS = 3, DEPTH = 48 };
+struct walks {
+    void *f[WALKS][DEPTH], *ref[DEPTH];
+    int n[WALKS], nref;
+    unsigned long slow[WALKS];
+};
+
+/* WALKS walks from one call site (the first learns, the others use the rules), then the
+ * reference. Frames 0 and 1 are the walkers' own and where they were called: compared from 2. */
+void walk_here(struct walks *w);
+__attribute__((used)) AL_NOINLINE void walk_here(struct walks *w)
+{
+    for (int i = 0; i < WALKS; i++) {
+        unsigned long before = _al_unwind_slow_walks;
+        w->n[i] = _al_unwind_backtrace(w->f[i], DEPTH);
+        w->slow[i] = _al_unwind_slow_walks - before;
+    }
+    w->nref = reference_walk(w->ref, DEPTH);
+    __asm__ volatile("" ::: "memory");
+}
+
+static void walks_agree(const struct walks *w, const char *what)
+{
+    for (int i = 0; i < WALKS; i++) {
+        ck_assert_msg(w->n[i] == w->nref, "%s: walk %d has %d frames, libunwind's %d", what, i, w->n[i], w->nref);
+        for (int k = 2; k < w->nref; k++)
+            ck_assert_msg(w->f[i][k] == w->ref[k], "%s: walk %d frame %d %p, libunwind's %p", what, i, k,
+                          w->f[i][k], w->ref[k]);
+    }
+}
+
+static AL_NOINLINE void plain_frames(struct walks *w, int depth)
+{
+    if (depth)
+        plain_frames(w, depth - 1);
+    else
+        walk_here(w);
+    __asm__ volatile("" ::: "memory");
+}
+
+/* alloca makes RBP the frame's base: RSP's distance to the CFA differs from call to call. */
+static AL_NOINLINE void alloca_frame(struct walks *w, size_t n)
+{
+    char *p = alloca(n);
+    memset(p, 1, n);
+    __asm__ volatile("" ::"r"(p) : "memory");
+    walk_here(w);
+    __asm__ volatile("" ::"r"(p) : "memory");
+}
+
+/* A frame larger than the copies rules are learned from, its CFA RSP's (the compiler gives its
+ * own big frames RBP's): walked by libunwind every time. The stack below is touched a page at
+ * a time first, as the compiler's probes would. */
+void big_frame(struct walks *w);
+__asm__(".text\n"
+        ".type big_frame, @function\n"
+        "big_frame:\n"
+        ".cfi_startproc\n"
+        "  mov %rsp, %rax\n"
+        "1: sub $4096, %rax\n"
+        "  orq $0, (%rax)\n"
+        "  lea -0x19008(%rsp), %rcx\n"
+        "  cmp %rcx, %rax\n"
+        "  ja 1b\n"
+        "  sub $0x19008, %rsp\n"
+        ".cfi_adjust_cfa_offset 0x19008\n"
+        "  call walk_here\n"
+        "  add $0x19008, %rsp\n"
+        ".cfi_adjust_cfa_offset -0x19008\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size big_frame, .-big_frame\n");
+
+START_TEST(unwind_agrees_with_libunwind)
+{
+    struct walks w;
+    plain_frames(&w, 5);
+    walks_agree(&w, "plain frames");
+    ck_assert_uint_eq(w.slow[0], 1);
+    ck_assert_uint_eq(w.slow[1], 0);
+    ck_assert_uint_eq(w.slow[2], 0);
+
+    /* Learned with one size, walked with others: RBP's rule, not RSP's distance. (The first
+     * walk learns this call site of alloca_frame's too.) */
+    for (size_t n = 16; n < 20000; n = n * 3 + 8) {
+        alloca_frame(&w, n);
+        walks_agree(&w, "alloca");
+        for (int i = n == 16; i < WALKS; i++)
+            ck_assert_msg(w.slow[i] == 0, "alloca %zu walk %d slow", n, i);
+    }
+
+    big_frame(&w);
+    walks_agree(&w, "big frame");
+    for (int i = 0; i < WALKS; i++)
+        ck_assert_uint_eq(w.slow[i], 1);
+
+    /* Deeper than the buffer: both stop at its end. */
+    plain_frames(&w, 100);
+    walks_agree(&w, "deep");
+    ck_assert_int_eq(w.nref, DEPTH);
+    ck_assert_uint_eq(w.slow[2], 0);
+
+    /* Forgotten (a dlclose): learned again. */
+    _al_unwind_forget();
+    plain_frames(&w, 5);
+    walks_agree(&w, "after forget");
+    ck_assert_uint_eq(w.slow[0], 1);
+    ck_assert_uint_eq(w.slow[2], 0);
+}
+END_TEST
+
+/* Through a signal frame: walked by libunwind, which knows the kernel's frame, every time. */
+static struct walks in_handler;
+static void walking_handler(int sig)
+{
+    (void)sig;
+    walk_here(&in_handler);
+}
+
+START_TEST(unwind_through_signal_frame)
+{
+    struct sigaction sa = { .sa_handler = walking_handler };
+    ck_assert_int_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        raise(SIGUSR1);
+        walks_agree(&in_handler, "signal handler");
+        for (int k = 0; k < WALKS; k++)
+            ck_assert_uint_eq(in_handler.slow[k], 1);
+    }
+}
+END_TEST
+
+/* Threads that take samples cost no memory of the walks' own each: libunwind's fast walk kept
+ * 256 KiB in each such thread. Sixteen threads walk, then are measured while all still live. */
+enum { WALKERS = 16 };
+static pthread_barrier_t walked, measured;
+
+static void *walker(void *arg)
+{
+    (void)arg;
+    void *raw[DEPTH];
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_gt(_al_sampler_backtrace(raw, DEPTH), 2);
+    pthread_barrier_wait(&walked);
+    pthread_barrier_wait(&measured);
+    return NULL;
+}
+
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, resident = 0;
+    ck_assert_int_eq(fscanf(f, "%ld %ld", &size, &resident), 2);
+    fclose(f);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+START_TEST(unwind_threads_memory)
+{
+    void *raw[DEPTH];
+    ck_assert_int_gt(_al_sampler_backtrace(raw, DEPTH), 2);
+    pthread_barrier_init(&walked, NULL, WALKERS + 1);
+    pthread_barrier_init(&measured, NULL, WALKERS + 1);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 << 10);
+    pthread_t th[WALKERS];
+    long before = rss_kib();
+    for (int i = 0; i < WALKERS; i++)
+        ck_assert_int_eq(pthread_create(&th[i], &attr, walker, NULL), 0);
+    pthread_barrier_wait(&walked);
+    long grown = rss_kib() - before;
+    pthread_barrier_wait(&measured);
+    for (int i = 0; i < WALKERS; i++)
+        pthread_join(th[i], NULL);
+    /* Each thread's stack and its start: tens of KiB (libunwind's walk: 256 KiB more each). */
+    ck_assert_msg(grown < WALKERS * 64, "%d walking threads added %ld KiB", WALKERS, grown);
+}
+END_TEST
+
 /* A program with file capabilities is run securely (LD_PRELOAD ignored) for anyone but root:
  * said of it when a user runs it, not when root does, nor of the same file without them. Root
  * makes the file (cap_net_raw, permitted and effective, as ping has); a child turned into
@@ -860,6 +1064,9 @@ int main(void)
     tcase_add_test(tc, hist_bucket_bounds);
     tcase_add_test(tc, sort_stable);
     tcase_add_test(tc, sampler_tables_grow);
+    tcase_add_test(tc, unwind_agrees_with_libunwind);
+    tcase_add_test(tc, unwind_through_signal_frame);
+    tcase_add_test(tc, unwind_threads_memory);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
     tcase_add_test(tc, locks_claimed_in_order);

@@ -1,0 +1,331 @@
+/* Stack walks for the sampler: one process-wide table of frame rules on top of libunwind.
+ *
+ * libunwind's fast walk (unw_backtrace) caches what it learns of each return address in a
+ * table of every thread's own, 16384 entries of 16 bytes, all written when the thread first
+ * walks: 256 KiB resident in each thread that ever samples, half the profiler's memory in a
+ * four-thread program and 16 MiB in a server of 64. Here one table serves every thread: walks
+ * are one at a time already (the sampler's unwind lock, which fork takes), so it needs no
+ * atomics, and it starts at 16 KiB.
+ *
+ * A rule says how the frame at a return address finds its caller, in the form nearly every
+ * frame has: the canonical frame address (CFA) is RSP or RBP plus a constant, the return
+ * address lies just below it, and RBP is either unchanged or saved at a constant offset from
+ * it. Rules are learned from libunwind, which reads the DWARF call frame information: the walk
+ * that meets an unknown address is made with unw_step (what unw_backtrace falls back to), and
+ * each new frame's rule is read off steps from copies of that frame's registers (learn). A
+ * frame in no such form (a signal frame, a CFA computed by an expression or from another
+ * register, code without unwind information) is recorded as such, and walks through it are
+ * libunwind's own, as unw_backtrace's are. Rules are forgotten when the program unloads a
+ * library, whose addresses another may take. */
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include "profiler.h"
+#include "sampler.h"
+
+enum rule_kind {
+    RULE_NONE,  /* an empty slot */
+    RULE_STEP,  /* the caller is found with the rule */
+    RULE_LAST,  /* the outermost frame: no caller */
+    RULE_SLOW,  /* only libunwind's own step finds the caller */
+};
+
+struct rule {
+    uintptr_t ip;
+    int32_t cfa_off;  /* CFA = (RBP or RSP) + cfa_off */
+    int16_t rbp_off;  /* the caller's RBP is saved at CFA + rbp_off; 0: RBP is unchanged */
+    uint8_t kind;
+    uint8_t from_rbp; /* the CFA is RBP's (1) or RSP's (0) */
+};
+
+#define RULE_BITS_MIN 10  /* 16 KiB */
+#define RULE_BITS_MAX 20  /* past a million return addresses, new ones walk slowly */
+/* Learning copies a frame to scratch memory; bigger frames (a function with a large array on
+ * its stack) walk slowly. */
+#define SCRATCH_BYTES (64u << 10)
+#define SCRATCH_ROOM 64 /* copied below the frame: what a step may read under its RSP */
+
+static struct {
+    struct rule *slot;
+    unsigned bits, used;
+    char *scratch;
+} rules;
+
+/* A walk's contexts and cursors, a KiB or two each, are kept here rather than on the stack of
+ * the thread that allocates (threads may have 16 KiB in all): walks are one at a time. */
+static struct {
+    unw_context_t start; /* _al_unwind_backtrace's registers: where the walk starts */
+    unw_context_t walk, step;
+    unw_cursor_t walk_at, step_at;
+} w;
+
+static _Atomic bool rules_stale;
+unsigned long _al_unwind_slow_walks;
+
+static struct rule *rule_find(uintptr_t ip)
+{
+    if (AL_UNLIKELY(!rules.slot))
+        return NULL;
+    uint64_t mask = (1ull << rules.bits) - 1;
+    for (uint64_t i = _al_fib_hash(ip, rules.bits);; i = (i + 1) & mask) {
+        struct rule *r = &rules.slot[i];
+        if (r->ip == ip)
+            return r;
+        if (!r->ip)
+            return NULL;
+    }
+}
+
+static bool rule_grow(void)
+{
+    unsigned bits = rules.slot ? rules.bits + 1 : RULE_BITS_MIN;
+    if (bits > RULE_BITS_MAX)
+        return false;
+    struct rule *slot = _al_mem_map(sizeof *slot << bits), *old = rules.slot;
+    if (!slot)
+        return false;
+    unsigned old_bits = rules.bits;
+    rules.slot = slot;
+    rules.bits = bits;
+    uint64_t mask = (1ull << bits) - 1;
+    for (uint64_t k = 0; old && k < 1ull << old_bits; k++) {
+        if (!old[k].ip)
+            continue;
+        uint64_t i = _al_fib_hash(old[k].ip, bits);
+        while (slot[i].ip)
+            i = (i + 1) & mask;
+        slot[i] = old[k];
+    }
+    if (old)
+        _al_mem_unmap(old, sizeof *old << old_bits);
+    return true;
+}
+
+static void rule_add(const struct rule *r)
+{
+    if ((!rules.slot || 2 * (rules.used + 1) > 1u << rules.bits) && !rule_grow())
+        return;
+    uint64_t mask = (1ull << rules.bits) - 1;
+    uint64_t i = _al_fib_hash(r->ip, rules.bits);
+    while (rules.slot[i].ip && rules.slot[i].ip != r->ip)
+        i = (i + 1) & mask;
+    if (!rules.slot[i].ip)
+        rules.used++;
+    rules.slot[i] = *r;
+}
+
+void _al_unwind_forget(void)
+{
+    atomic_store_explicit(&rules_stale, true, memory_order_release);
+}
+
+/* ---- learning --------------------------------------------------------------------------------- */
+
+struct regs {
+    unw_word_t ip, sp, bp, bx, r12, r13, r14, r15;
+};
+
+static bool regs_of(unw_cursor_t *c, struct regs *r)
+{
+    return unw_get_reg(c, UNW_REG_IP, &r->ip) == 0 && unw_get_reg(c, UNW_REG_SP, &r->sp) == 0 &&
+           unw_get_reg(c, UNW_X86_64_RBP, &r->bp) == 0 && unw_get_reg(c, UNW_X86_64_RBX, &r->bx) == 0 &&
+           unw_get_reg(c, UNW_X86_64_R12, &r->r12) == 0 && unw_get_reg(c, UNW_X86_64_R13, &r->r13) == 0 &&
+           unw_get_reg(c, UNW_X86_64_R14, &r->r14) == 0 && unw_get_reg(c, UNW_X86_64_R15, &r->r15) == 0;
+}
+
+/* What one step of libunwind's from registers R finds: the caller's IP, RSP (the CFA), RBP,
+ * and where it read the return address and RBP. The other registers are the walk's start's
+ * (they do not matter to a frame whose rule uses only these). */
+struct step {
+    int ret;
+    unw_word_t ip, cfa, bp;
+    unw_save_loc_t ip_at, bp_at;
+};
+
+static void step_from(const struct regs *r, struct step *s)
+{
+    unw_context_t *uc = &w.step;
+    *uc = w.start;
+    greg_t *g = uc->uc_mcontext.gregs;
+    g[REG_RIP] = (greg_t)r->ip;
+    g[REG_RSP] = (greg_t)r->sp;
+    g[REG_RBP] = (greg_t)r->bp;
+    g[REG_RBX] = (greg_t)r->bx;
+    g[REG_R12] = (greg_t)r->r12;
+    g[REG_R13] = (greg_t)r->r13;
+    g[REG_R14] = (greg_t)r->r14;
+    g[REG_R15] = (greg_t)r->r15;
+    unw_cursor_t *c = &w.step_at;
+    s->ret = -1;
+    if (unw_init_local(c, uc) < 0)
+        return;
+    s->ret = unw_step(c);
+    if (s->ret < 0 || unw_get_reg(c, UNW_REG_IP, &s->ip) < 0 || unw_get_reg(c, UNW_REG_SP, &s->cfa) < 0 ||
+        unw_get_reg(c, UNW_X86_64_RBP, &s->bp) < 0 || unw_get_save_loc(c, UNW_REG_IP, &s->ip_at) < 0 ||
+        unw_get_save_loc(c, UNW_X86_64_RBP, &s->bp_at) < 0)
+        s->ret = -1;
+}
+
+static bool at(const unw_save_loc_t *l, uintptr_t addr)
+{
+    return l->type == UNW_SLT_MEMORY && l->u.addr == addr;
+}
+
+/* Whether the step from a copy of the frame, one register moved to point into it by DELTA,
+ * found the CFA moved with it, and read the return address and RBP where the rule says: that
+ * register is the rule's base. */
+static bool moved_with(const struct step *real, const struct step *copy, intptr_t delta, int16_t bp_off)
+{
+    return copy->ret > 0 && copy->cfa == real->cfa + (uintptr_t)delta && copy->ip == real->ip &&
+           copy->bp == real->bp && at(&copy->ip_at, copy->cfa - 8) &&
+           (!bp_off || at(&copy->bp_at, copy->cfa + (uintptr_t)(intptr_t)bp_off));
+}
+
+/* The rule of the frame at cursor C (a walk of this thread's), read off steps from
+ * copies of its registers: one from the registers as they are, which gives the CFA, where the
+ * return address and RBP were read; then one from a copy of the frame in scratch memory, RSP
+ * pointing into the copy, which tells whether the CFA follows RSP; else one with RBP moved
+ * there alike. Copies, not the stack itself moved: what a step reads is then memory that is
+ * there, whatever the rule turns out to be. */
+static struct rule learn(unw_cursor_t *c)
+{
+    struct regs r;
+    struct rule out = { .kind = RULE_SLOW };
+    if (!regs_of(c, &r))
+        return out;
+    out.ip = r.ip;
+    unw_proc_info_t pi;
+    /* No unwind information: libunwind guesses from RBP, checking memory as it goes. */
+    if (unw_is_signal_frame(c) != 0 || unw_get_proc_info(c, &pi) < 0)
+        return out;
+    struct step real, copy;
+    step_from(&r, &real);
+    if (real.ret == 0) {
+        out.kind = RULE_LAST;
+        return out;
+    }
+    if (real.ret < 0 || real.cfa <= r.sp || !at(&real.ip_at, real.cfa - 8))
+        return out;
+    /* RBP: unchanged (still where the context held it) or read from the frame. */
+    const char *ucb = (const char *)&w.step;
+    int64_t bp_off = 0;
+    if (real.bp_at.type == UNW_SLT_MEMORY && real.bp_at.u.addr >= (uintptr_t)ucb &&
+        real.bp_at.u.addr < (uintptr_t)(ucb + sizeof w.step)) {
+        if (real.bp != r.bp)
+            return out;
+    } else if (real.bp_at.type == UNW_SLT_MEMORY) {
+        bp_off = (int64_t)(real.bp_at.u.addr - real.cfa);
+        if (bp_off >= 0 || bp_off < INT16_MIN)
+            return out;
+    } else {
+        return out;
+    }
+    if (!rules.scratch && !(rules.scratch = _al_mem_map(SCRATCH_BYTES)))
+        return out;
+    out.rbp_off = (int16_t)bp_off;
+    /* The frame from SCRATCH_ROOM below RSP up to the CFA and the word above: RSP's rule. */
+    uintptr_t lo = r.sp - SCRATCH_ROOM, hi = real.cfa + 8;
+    if (hi - lo <= SCRATCH_BYTES) {
+        memcpy(rules.scratch, (const void *)lo, hi - lo);
+        intptr_t delta = (intptr_t)((uintptr_t)rules.scratch - lo);
+        struct regs moved = r;
+        moved.sp += (uintptr_t)delta;
+        step_from(&moved, &copy);
+        if (moved_with(&real, &copy, delta, out.rbp_off) && real.cfa - r.sp <= INT32_MAX) {
+            out.kind = RULE_STEP;
+            out.cfa_off = (int32_t)(real.cfa - r.sp);
+            return out;
+        }
+    }
+    /* RBP's rule: RBP points into the frame, a little below the CFA. */
+    if (r.bp < r.sp || r.bp >= real.cfa || real.cfa - r.bp > 4096)
+        return out;
+    lo = r.bp - SCRATCH_ROOM;
+    memcpy(rules.scratch, (const void *)lo, hi - lo);
+    intptr_t delta = (intptr_t)((uintptr_t)rules.scratch - lo);
+    struct regs moved = r;
+    moved.bp += (uintptr_t)delta;
+    step_from(&moved, &copy);
+    if (moved_with(&real, &copy, delta, out.rbp_off)) {
+        out.kind = RULE_STEP;
+        out.from_rbp = 1;
+        out.cfa_off = (int32_t)(real.cfa - r.bp);
+    }
+    return out;
+}
+
+/* ---- walks ------------------------------------------------------------------------------------ */
+
+/* libunwind's walk from the start, learning the rules of the frames it meets that have none. Past a
+ * signal frame nothing is learned: the frame it interrupted is at an instruction, not a return
+ * address, and its rule would be that of another place. */
+static int slow_walk(void **raw, int max)
+{
+    unw_cursor_t *c = &w.walk_at;
+    w.walk = w.start;
+    _al_unwind_slow_walks++;
+    if (unw_init_local(c, &w.walk) < 0)
+        return 0;
+    int n = 0;
+    bool learning = true;
+    while (n < max) {
+        unw_word_t ip;
+        if (unw_get_reg(c, UNW_REG_IP, &ip) < 0)
+            break;
+        raw[n++] = (void *)ip;
+        if (learning && !rule_find(ip)) {
+            struct rule r = learn(c);
+            if (r.ip)
+                rule_add(&r);
+        }
+        if (unw_is_signal_frame(c) > 0)
+            learning = false;
+        if (unw_step(c) <= 0)
+            break;
+    }
+    return n;
+}
+
+/* The walk with the rules; -1 at the first frame with none, or none of this form. */
+static int fast_walk(void **raw, int max)
+{
+    const greg_t *g = w.start.uc_mcontext.gregs;
+    uintptr_t ip = (uintptr_t)g[REG_RIP], sp = (uintptr_t)g[REG_RSP], bp = (uintptr_t)g[REG_RBP];
+    int n = 0;
+    while (n < max) {
+        const struct rule *r = rule_find(ip);
+        if (!r || r->kind == RULE_SLOW)
+            return -1;
+        raw[n++] = (void *)ip;
+        if (r->kind == RULE_LAST)
+            break;
+        uintptr_t cfa = (r->from_rbp ? bp : sp) + (uintptr_t)(intptr_t)r->cfa_off;
+        if (AL_UNLIKELY(cfa <= sp))
+            return -1; /* a caller's frame lies above its callee's */
+        ip = *(const uintptr_t *)(cfa - 8);
+        if (r->rbp_off)
+            bp = *(const uintptr_t *)(cfa + r->rbp_off);
+        sp = cfa;
+        if (ip < 0x4000) /* as libunwind: the end of the chain, or nothing sensible */
+            break;
+    }
+    return n;
+}
+
+/* Under the sampler's unwind lock. Not inlined: the walk starts from this function's frame,
+ * which must outlive it. */
+AL_NOINLINE int _al_unwind_backtrace(void **raw, int max)
+{
+    if (unw_getcontext(&w.start) < 0)
+        return 0;
+    if (AL_UNLIKELY(atomic_load_explicit(&rules_stale, memory_order_acquire))) {
+        atomic_store_explicit(&rules_stale, false, memory_order_relaxed);
+        if (rules.slot)
+            memset(rules.slot, 0, sizeof *rules.slot << rules.bits);
+        rules.used = 0;
+    }
+    int n = fast_walk(raw, max);
+    return n >= 0 ? n : slow_walk(raw, max);
+}
