@@ -34,7 +34,10 @@
  *   smallstack  8 threads with the smallest stack allowed (PTHREAD_STACK_MIN) allocate, then
  *            one more such thread calls exit(0): what runs at exit runs on that stack
  *   smallstack-exec LEAF  a thread with the smallest stack execs LEAF (status 4): what runs
- *            before the exec runs on that stack */
+ *            before the exec runs on that stack
+ *   coroutine  a ucontext coroutine on an 8 KiB stack, a guard page under it, makes 2000
+ *            allocations and frees each (run with most of them sampled): a sample's stack
+ *            walk, the first one through those frames too, fits in what the program leaves */
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -43,6 +46,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 static atomic_long total;
@@ -401,6 +406,35 @@ static int smallstack_exec(char *leaf)
     return 1; /* not reached */
 }
 
+static ucontext_t co_main, co_self;
+
+static void co_body(void)
+{
+    for (int i = 0; i < 2000; i++) {
+        char *volatile p = malloc(16 + (size_t)(i % 200) * 8);
+        if (!p)
+            exit(91);
+        p[0] = 1;
+        free(p);
+    }
+}
+
+static int coroutine(void)
+{
+    enum { GUARD = 4096, STACK = 8192 };
+    char *m = mmap(NULL, GUARD + STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED || mprotect(m, GUARD, PROT_NONE) != 0 || getcontext(&co_self) != 0)
+        return 1;
+    co_self.uc_stack.ss_sp = m + GUARD;
+    co_self.uc_stack.ss_size = STACK;
+    co_self.uc_link = &co_main;
+    makecontext(&co_self, co_body, 0);
+    if (swapcontext(&co_main, &co_self) != 0)
+        return 1;
+    printf("coroutine: 2000 allocations on a %d-byte stack\n", STACK);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "many";
@@ -422,6 +456,8 @@ int main(int argc, char **argv)
         return smallstack();
     if (!strcmp(mode, "smallstack-exec") && argc > 2)
         return smallstack_exec(argv[2]);
+    if (!strcmp(mode, "coroutine"))
+        return coroutine();
     fprintf(stderr, "host_threads: unknown mode %s\n", mode);
     return 2;
 }
