@@ -42,9 +42,10 @@ struct rule {
 
 #define RULE_BITS_MIN 10  /* 16 KiB */
 #define RULE_BITS_MAX 20  /* past a million return addresses, new ones walk slowly */
-/* Learning copies a frame to scratch memory; bigger frames (a function with a large array on
- * its stack) walk slowly. */
+/* Learning copies a frame to scratch memory, leaving a page above it, which a rule of another
+ * form may read; bigger frames (a function with a large array on its stack) walk slowly. */
 #define SCRATCH_BYTES (64u << 10)
+#define SCRATCH_FRAME (SCRATCH_BYTES - 4096)
 #define SCRATCH_ROOM 64 /* copied below the frame: what a step may read under its RSP */
 
 static struct {
@@ -225,9 +226,10 @@ static struct rule learn(unw_cursor_t *c)
     if (!rules.scratch && !(rules.scratch = _al_mem_map(SCRATCH_BYTES)))
         return out;
     out.rbp_off = (int16_t)bp_off;
-    /* The frame from SCRATCH_ROOM below RSP up to the CFA and the word above: RSP's rule. */
-    uintptr_t lo = r.sp - SCRATCH_ROOM, hi = real.cfa + 8;
-    if (hi - lo <= SCRATCH_BYTES) {
+    /* The frame, from SCRATCH_ROOM below RSP up to the CFA (what is above may be no stack at
+     * all: the top of a thread's): RSP's rule. */
+    uintptr_t lo = r.sp - SCRATCH_ROOM, hi = real.cfa;
+    if (hi - lo <= SCRATCH_FRAME) {
         memcpy(rules.scratch, (const void *)lo, hi - lo);
         intptr_t delta = (intptr_t)((uintptr_t)rules.scratch - lo);
         struct regs moved = r;
