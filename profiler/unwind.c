@@ -218,8 +218,8 @@ static struct rule learn(unw_cursor_t *c)
             return out;
     } else if (real.bp_at.type == UNW_SLT_MEMORY) {
         bp_off = (int64_t)(real.bp_at.u.addr - real.cfa);
-        if (bp_off >= 0 || bp_off < INT16_MIN)
-            return out;
+        if (bp_off >= 0 || bp_off < INT16_MIN || real.bp_at.u.addr < r.sp)
+            return out; /* not in the frame */
     } else {
         return out;
     }
@@ -245,6 +245,8 @@ static struct rule learn(unw_cursor_t *c)
     if (r.bp < r.sp || r.bp >= real.cfa || real.cfa - r.bp > 4096)
         return out;
     lo = r.bp - SCRATCH_ROOM;
+    if (real.bp_at.u.addr < lo && bp_off)
+        return out; /* RBP saved below the copy */
     memcpy(rules.scratch, (const void *)lo, hi - lo);
     intptr_t delta = (intptr_t)((uintptr_t)rules.scratch - lo);
     struct regs moved = r;
