@@ -519,6 +519,7 @@ const char *_al_seccomp_refuses_report(bool *can_say);
  * they do not, those measurements stop. */
 bool _al_seccomp_measures_ok(void);
 bool _al_seccomp_rusage_ok(void);
+bool _al_seccomp_stack_reads_ok(void); /* getpid and process_vm_readv (profiler/unwind.c) */
 /* What the report says of the syscall and counter sections once a filter is on; NULL before. */
 const char *_al_seccomp_note(void);
 /* The action filter F (N instructions) returns for D, as the kernel would run it. */

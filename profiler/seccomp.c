@@ -43,7 +43,7 @@ _Atomic bool _al_seccomp_on;
 /* Whether the filters let through the system calls measuring takes while the program runs
  * (runtime_calls), and getrusage: false from the moment one is being installed until every
  * install under way has ended and its filter been read. Written only under state.lock. */
-static _Atomic bool measures_ok = true, rusage_ok = true;
+static _Atomic bool measures_ok = true, rusage_ok = true, stack_reads_ok = true;
 
 static void decide_locked(void);
 
@@ -55,6 +55,7 @@ void _al_seccomp_installing(bool strict)
     state.installing++;
     atomic_store(&measures_ok, false);
     atomic_store(&rusage_ok, false);
+    atomic_store(&stack_reads_ok, false);
     atomic_store(&_al_seccomp_on, true);
     _al_spin_unlock(&state.lock);
 }
@@ -62,6 +63,11 @@ void _al_seccomp_installing(bool strict)
 bool _al_seccomp_measures_ok(void)
 {
     return atomic_load_explicit(&measures_ok, memory_order_relaxed);
+}
+
+bool _al_seccomp_stack_reads_ok(void)
+{
+    return atomic_load_explicit(&stack_reads_ok, memory_order_relaxed);
 }
 
 bool _al_seccomp_rusage_ok(void)
@@ -258,6 +264,13 @@ static const struct call runtime_calls[] = {
 
 static const struct call rusage_call[] = { { "getrusage", SYS_getrusage, { RUSAGE_THREAD } } };
 
+/* The stack walk's checked reads past a frame without unwind information (profiler/unwind.c):
+ * refused, such frames are walked by libunwind's steps. */
+static const struct call stack_read_calls[] = {
+    { "getpid", SYS_getpid, { 0 } },
+    { "process_vm_readv", SYS_process_vm_readv, { 0 } },
+};
+
 #define CALLS(a) (a), sizeof(a) / sizeof((a)[0])
 
 /* state.lock held: the first of the N calls C the filters refuse, or -1. */
@@ -275,6 +288,7 @@ static void decide_locked(void)
     bool settled = !state.installing && !state.unknown;
     atomic_store(&measures_ok, settled && first_refused(CALLS(runtime_calls)) < 0);
     atomic_store(&rusage_ok, settled && first_refused(CALLS(rusage_call)) < 0);
+    atomic_store(&stack_reads_ok, settled && first_refused(CALLS(stack_read_calls)) < 0);
 }
 
 const char *_al_seccomp_refuses_report(bool *can_say)

@@ -14,13 +14,18 @@
  * that meets an unknown address is made with unw_step (what unw_backtrace falls back to), and
  * each new frame's rule is read off steps from copies of that frame's registers (learn). A
  * frame in no such form (a signal frame, a CFA computed by an expression or from another
- * register, code without unwind information) is recorded as such, and walks through it are
- * libunwind's own, as unw_backtrace's are. Rules are forgotten when the program unloads a
+ * register) is recorded as such, and walks through it are libunwind's own, as unw_backtrace's
+ * are. Code without unwind information (hand-written assembly, JIT code, Go's) is walked by its
+ * frame pointer, as unw_backtrace walked it: CFA = RBP + 16, each word read checked first, in
+ * every walk, learned or not (see guess). Rules are forgotten when the program unloads a
  * library, whose addresses another may take. */
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include "profiler.h"
 #include "sampler.h"
@@ -30,6 +35,7 @@ enum rule_kind {
     RULE_STEP,  /* the caller is found with the rule */
     RULE_LAST,  /* the outermost frame: no caller */
     RULE_SLOW,  /* only libunwind's own step finds the caller */
+    RULE_GUESS, /* no unwind information: the frame pointer's chain (guess) */
 };
 
 struct rule {
@@ -61,6 +67,15 @@ static struct {
     unw_context_t walk, step;
     unw_cursor_t walk_at, step_at;
 } w;
+
+/* Pages found readable in this walk (reads past a frame without unwind information are checked:
+ * its RBP may be anything). */
+static struct {
+    uintptr_t page[8];
+    unsigned n;
+    pid_t pid;
+    bool unable; /* process_vm_readv refused: such frames walk slowly, as libunwind steps */
+} readable;
 
 static _Atomic bool rules_stale;
 unsigned long _al_unwind_slow_walks;
@@ -120,6 +135,68 @@ static void rule_add(const struct rule *r)
 void _al_unwind_forget(void)
 {
     atomic_store_explicit(&rules_stale, true, memory_order_release);
+}
+
+/* ---- frames without unwind information --------------------------------------------------- */
+
+static bool page_readable(uintptr_t page)
+{
+    for (unsigned i = 0; i < readable.n && i < 8; i++)
+        if (readable.page[i] == page)
+            return true;
+    if (!readable.pid)
+        readable.pid = getpid();
+    char byte;
+    struct iovec here = { &byte, 1 }, there = { (void *)page, 1 };
+    if (process_vm_readv(readable.pid, &here, 1, &there, 1, 0) != 1) {
+        if (errno == ENOSYS || errno == EPERM)
+            readable.unable = true;
+        return false;
+    }
+    readable.page[readable.n++ % 8] = page;
+    return true;
+}
+
+/* Whether reads can be checked: process_vm_readv is there, and the program's seccomp filters
+ * let it through (they may come at any time: asked at every walk that needs it). */
+static bool can_check(void)
+{
+    return !readable.unable && _al_seccomp_stack_reads_ok();
+}
+
+/* The word at A, where it can be read. */
+static bool read_word(uintptr_t a, uintptr_t *v)
+{
+    uintptr_t mask = ~(uintptr_t)4095;
+    if (a > UINTPTR_MAX - 8 || !page_readable(a & mask) || !page_readable((a + 7) & mask))
+        return false;
+    memcpy(v, (const void *)a, sizeof *v);
+    return true;
+}
+
+/* The step out of a frame without unwind information, as unw_backtrace took it: the frame
+ * pointer's chain, RBP at or above RSP (not below: no frame there). libunwind's unw_step guesses
+ * the same chain but gives the caller RSP + 16 for its stack pointer rather than RBP + 16, from
+ * which a caller whose CFA is RSP's is then read wrong. False: the walk ends here. */
+static bool guess(uintptr_t *ip, uintptr_t *sp, uintptr_t *bp)
+{
+    uintptr_t next_ip, next_bp;
+    if (!*bp || *bp < *sp || !read_word(*bp + 8, &next_ip) || !read_word(*bp, &next_bp))
+        return false;
+    *ip = next_ip;
+    *sp = *bp + 16;
+    *bp = next_bp;
+    return true;
+}
+
+/* Whether the frame at C has no unwind information: libunwind's unw_get_proc_info then makes
+ * up a one-byte procedure at the IP (x86-64's, for _start), or fails. */
+static bool no_unwind_info(unw_cursor_t *c, uintptr_t ip)
+{
+    unw_proc_info_t pi;
+    if (unw_get_proc_info(c, &pi) < 0)
+        return true;
+    return pi.format == UNW_INFO_FORMAT_DYNAMIC && !pi.unwind_info && pi.start_ip == ip && pi.end_ip == ip + 1;
 }
 
 /* ---- learning --------------------------------------------------------------------------------- */
@@ -197,10 +274,12 @@ static struct rule learn(unw_cursor_t *c)
     if (!regs_of(c, &r))
         return out;
     out.ip = r.ip;
-    unw_proc_info_t pi;
-    /* No unwind information: libunwind guesses from RBP, checking memory as it goes. */
-    if (unw_is_signal_frame(c) != 0 || unw_get_proc_info(c, &pi) < 0)
+    if (unw_is_signal_frame(c) != 0)
         return out;
+    if (no_unwind_info(c, r.ip)) {
+        out.kind = RULE_GUESS;
+        return out;
+    }
     struct step real, copy;
     step_from(&r, &real);
     if (real.ret == 0) {
@@ -279,10 +358,28 @@ static int slow_walk(void **raw, int max)
         if (unw_get_reg(c, UNW_REG_IP, &ip) < 0)
             break;
         raw[n++] = (void *)ip;
-        if (learning && !rule_find(ip)) {
-            struct rule r = learn(c);
+        const struct rule *known = learning ? rule_find(ip) : NULL;
+        struct rule r = { .kind = RULE_NONE };
+        if (learning && !known) {
+            r = learn(c);
             if (r.ip)
                 rule_add(&r);
+            known = &r;
+        }
+        /* Without unwind information, by the frame pointer (as the fast walk), the walk going
+         * on with libunwind from the caller's registers. */
+        if (can_check() && (known ? known->kind == RULE_GUESS : unw_is_signal_frame(c) == 0 && no_unwind_info(c, ip))) {
+            unw_word_t sp, bp;
+            if (unw_get_reg(c, UNW_REG_SP, &sp) < 0 || unw_get_reg(c, UNW_X86_64_RBP, &bp) < 0 ||
+                !guess(&ip, &sp, &bp) || ip < 0x4000)
+                break;
+            greg_t *g = w.walk.uc_mcontext.gregs;
+            g[REG_RIP] = (greg_t)ip;
+            g[REG_RSP] = (greg_t)sp;
+            g[REG_RBP] = (greg_t)bp;
+            if (unw_init_local(c, &w.walk) < 0)
+                break;
+            continue;
         }
         if (unw_is_signal_frame(c) > 0)
             learning = false;
@@ -298,19 +395,34 @@ static int fast_walk(void **raw, int max)
     const greg_t *g = w.start.uc_mcontext.gregs;
     uintptr_t ip = (uintptr_t)g[REG_RIP], sp = (uintptr_t)g[REG_RSP], bp = (uintptr_t)g[REG_RBP];
     int n = 0;
+    bool check = false; /* past a frame without unwind information: RBP was a guess */
     while (n < max) {
         const struct rule *r = rule_find(ip);
-        if (!r || r->kind == RULE_SLOW)
+        if (!r || r->kind == RULE_SLOW || r->kind == RULE_NONE)
             return -1;
         raw[n++] = (void *)ip;
         if (r->kind == RULE_LAST)
             break;
+        if (r->kind == RULE_GUESS) {
+            if (!can_check())
+                return -1;
+            if (!guess(&ip, &sp, &bp))
+                break;
+            check = true;
+            if (ip < 0x4000)
+                break;
+            continue;
+        }
         uintptr_t cfa = (r->from_rbp ? bp : sp) + (uintptr_t)(intptr_t)r->cfa_off;
         if (AL_UNLIKELY(cfa <= sp))
             return -1; /* a caller's frame lies above its callee's */
-        ip = *(const uintptr_t *)(cfa - 8);
-        if (r->rbp_off)
-            bp = *(const uintptr_t *)(cfa + r->rbp_off);
+        if (!check) {
+            ip = *(const uintptr_t *)(cfa - 8);
+            if (r->rbp_off)
+                bp = *(const uintptr_t *)(cfa + r->rbp_off);
+        } else if (!read_word(cfa - 8, &ip) || (r->rbp_off && !read_word(cfa + r->rbp_off, &bp))) {
+            return -1;
+        }
         sp = cfa;
         if (ip < 0x4000) /* as libunwind: the end of the chain, or nothing sensible */
             break;
@@ -324,6 +436,8 @@ AL_NOINLINE int _al_unwind_backtrace(void **raw, int max)
 {
     if (unw_getcontext(&w.start) < 0)
         return 0;
+    readable.n = 0;
+    readable.pid = 0; /* a fork's child has another */
     if (AL_UNLIKELY(atomic_load_explicit(&rules_stale, memory_order_acquire))) {
         atomic_store_explicit(&rules_stale, false, memory_order_relaxed);
         if (rules.slot)

@@ -877,6 +877,66 @@ START_TEST(unwind_agrees_with_libunwind)
 }
 END_TEST
 
+/* Code without unwind information (hand-written assembly, JIT code, Go's): a frame-pointer frame,
+ * nocfi_frame, called from one whose CFA is RSP's (calls_nocfi, 24 bytes of its own). Its caller
+ * is found by RBP, as unw_backtrace did: CFA = RBP + 16. (libunwind's step guesses RBP's chain
+ * too, but gives the caller RSP + 16 for its stack pointer, from which calls_nocfi's caller was
+ * read wrong.) */
+void nocfi_frame(struct walks *w);
+void calls_nocfi(struct walks *w);
+extern char after_walk_call[], after_nocfi_call[];
+__asm__(".text\n"
+        ".type nocfi_frame, @function\n"
+        "nocfi_frame:\n"
+        "  push %rbp\n"
+        "  mov %rsp, %rbp\n"
+        "  sub $32, %rsp\n"
+        "  call walk_here\n"
+        "after_walk_call:\n"
+        "  leave\n"
+        "  ret\n"
+        ".size nocfi_frame, .-nocfi_frame\n"
+        ".type calls_nocfi, @function\n"
+        "calls_nocfi:\n"
+        ".cfi_startproc\n"
+        "  sub $24, %rsp\n"
+        ".cfi_adjust_cfa_offset 24\n"
+        "  call nocfi_frame\n"
+        "after_nocfi_call:\n"
+        "  add $24, %rsp\n"
+        ".cfi_adjust_cfa_offset -24\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size calls_nocfi, .-calls_nocfi\n");
+
+static AL_NOINLINE void *run_nocfi(struct walks *w)
+{
+    calls_nocfi(w);
+    __asm__ volatile("" ::: "memory");
+    return __builtin_return_address(0);
+}
+
+START_TEST(unwind_through_code_without_unwind_info)
+{
+    struct walks w;
+    for (int round = 0; round < 2; round++) {
+        void *ra = run_nocfi(&w);
+        for (int i = 0; i < WALKS; i++) {
+            ck_assert_int_gt(w.n[i], 6);
+            ck_assert_ptr_eq(w.f[i][2], after_walk_call);
+            ck_assert_ptr_eq(w.f[i][3], after_nocfi_call);
+            ck_assert_msg((char *)w.f[i][4] > (char *)run_nocfi && (char *)w.f[i][4] < (char *)run_nocfi + 64,
+                          "walk %d frame 4 %p, not in run_nocfi %p", i, w.f[i][4], (void *)run_nocfi);
+            ck_assert_ptr_eq(w.f[i][5], ra);
+            /* Learned once: the walks after use the rules, the frame without unwind
+             * information's too. */
+            if (round || i)
+                ck_assert_uint_eq(w.slow[i], 0);
+        }
+    }
+}
+END_TEST
+
 /* Through a signal frame: walked by libunwind, which knows the kernel's frame, every time. */
 static struct walks in_handler;
 static void walking_handler(int sig)
@@ -1066,6 +1126,7 @@ int main(void)
     tcase_add_test(tc, sampler_tables_grow);
     tcase_add_test(tc, unwind_agrees_with_libunwind);
     tcase_add_test(tc, unwind_through_signal_frame);
+    tcase_add_test(tc, unwind_through_code_without_unwind_info);
     tcase_add_test(tc, unwind_threads_memory);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
