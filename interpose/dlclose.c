@@ -19,8 +19,6 @@ AL_EXPORT int dlclose(void *handle)
         _al_dlclose_resolve(); /* a call of our own start-up's */
     struct al_objects *before = _al_unloaded_before();
     int r = next_dlclose(handle);
-    if (r == 0)
-        _al_unwind_forget();
     _al_unloaded_after(before);
     return r;
 }

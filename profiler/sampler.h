@@ -126,10 +126,8 @@ void _al_sampler_report_begins(void);
 /* The calling thread's return addresses, innermost first, into RAW (at most MAX); how many.
  * The thread must be busy: libunwind may allocate. */
 int _al_sampler_backtrace(void **raw, int max);
-/* unwind.c: the walk itself (the unwind lock held), and the program's dlclose telling it that
- * code it knew may be gone. */
+/* unwind.c: the walk itself (the unwind lock held). */
 int _al_unwind_backtrace(void **raw, int max);
-void _al_unwind_forget(void);
 /* Walks made by libunwind's steps rather than the rules (for the tests). */
 extern unsigned long _al_unwind_slow_walks;
 /* Unwinding's lock (sampler.c), which fork takes first and releases last, and the table's.

@@ -17,11 +17,12 @@
  * register) is recorded as such, and walks through it are libunwind's own, as unw_backtrace's
  * are. Code without unwind information (hand-written assembly, JIT code, Go's) is walked by its
  * frame pointer, as unw_backtrace walked it: CFA = RBP + 16, each word read checked first, in
- * every walk, learned or not (see guess). Rules are forgotten when the program unloads a
- * library, whose addresses another may take. */
+ * every walk, learned or not (see guess). Rules are forgotten when the loader loads or
+ * unloads anything (rules_check). */
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 #include <errno.h>
+#include <link.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <ucontext.h>
@@ -77,7 +78,8 @@ static struct {
     bool unable; /* process_vm_readv refused: such frames walk slowly, as libunwind steps */
 } readable;
 
-static _Atomic bool rules_stale;
+/* The loader's counts of objects loaded and unloaded when the rules were last checked. */
+static unsigned long long rules_adds, rules_subs;
 unsigned long _al_unwind_slow_walks;
 
 static struct rule *rule_find(uintptr_t ip)
@@ -132,9 +134,30 @@ static void rule_add(const struct rule *r)
     rules.slot[i] = *r;
 }
 
-void _al_unwind_forget(void)
+/* Rules hold for the code that was there: once an object is loaded or unloaded (the program's
+ * dlopen and dlclose, the C library's own of its NSS and iconv modules) an address may hold
+ * other code (a library mapped where another was, or where JIT code was). dl_iterate_phdr
+ * gives the loader's counts with the first object: the rules are dropped when they moved. */
+static int loader_counts(struct dl_phdr_info *info, size_t size, void *counts)
 {
-    atomic_store_explicit(&rules_stale, true, memory_order_release);
+    (void)size;
+    unsigned long long *c = counts;
+    c[0] = info->dlpi_adds;
+    c[1] = info->dlpi_subs;
+    return 1;
+}
+
+static void rules_check(void)
+{
+    unsigned long long c[2] = { rules_adds, rules_subs };
+    dl_iterate_phdr(loader_counts, c);
+    if (AL_LIKELY(c[0] == rules_adds && c[1] == rules_subs))
+        return;
+    rules_adds = c[0];
+    rules_subs = c[1];
+    if (rules.slot)
+        memset(rules.slot, 0, sizeof *rules.slot << rules.bits);
+    rules.used = 0;
 }
 
 /* ---- frames without unwind information --------------------------------------------------- */
@@ -438,12 +461,7 @@ AL_NOINLINE int _al_unwind_backtrace(void **raw, int max)
         return 0;
     readable.n = 0;
     readable.pid = 0; /* a fork's child has another */
-    if (AL_UNLIKELY(atomic_load_explicit(&rules_stale, memory_order_acquire))) {
-        atomic_store_explicit(&rules_stale, false, memory_order_relaxed);
-        if (rules.slot)
-            memset(rules.slot, 0, sizeof *rules.slot << rules.bits);
-        rules.used = 0;
-    }
+    rules_check();
     int n = fast_walk(raw, max);
     return n >= 0 ? n : slow_walk(raw, max);
 }
