@@ -311,13 +311,17 @@ static struct rule learn(unw_cursor_t *c)
     }
     if (real.ret < 0 || real.cfa <= r.sp || !at(&real.ip_at, real.cfa - 8))
         return out;
-    /* RBP: unchanged (still where the context held it) or read from the frame. */
+    /* RBP: unchanged (still in the context's RBP) or read from the frame. Another of the
+     * context's registers (DW_CFA_register) holding the same value now is no rule: it need not
+     * the next time. */
     const char *ucb = (const char *)&w.step;
     int64_t bp_off = 0;
-    if (real.bp_at.type == UNW_SLT_MEMORY && real.bp_at.u.addr >= (uintptr_t)ucb &&
-        real.bp_at.u.addr < (uintptr_t)(ucb + sizeof w.step)) {
+    if (at(&real.bp_at, (uintptr_t)&w.step.uc_mcontext.gregs[REG_RBP])) {
         if (real.bp != r.bp)
             return out;
+    } else if (real.bp_at.type == UNW_SLT_MEMORY && real.bp_at.u.addr >= (uintptr_t)ucb &&
+               real.bp_at.u.addr < (uintptr_t)(ucb + sizeof w.step)) {
+        return out;
     } else if (real.bp_at.type == UNW_SLT_MEMORY) {
         bp_off = (int64_t)(real.bp_at.u.addr - real.cfa);
         if (bp_off >= 0 || bp_off < INT16_MIN || real.bp_at.u.addr < r.sp)

@@ -965,6 +965,42 @@ START_TEST(unwind_through_signal_frame)
 }
 END_TEST
 
+/* The caller's RBP kept in another register (DW_CFA_register; the CFI leaves RBX's own saving
+ * out, so that libunwind 1.6 finds RBP in the register rather than in RBX's slot), equal to RBP
+ * when the frame is first walked: its rule is libunwind's step, not "RBP unchanged", which a
+ * later walk with RBP changed there (a path that moved it before the call) would follow to the
+ * caller's frame at a wrong address. */
+void rbp_in_rbx(struct walks *w);
+__asm__(".text\n"
+        ".type rbp_in_rbx, @function\n"
+        "rbp_in_rbx:\n"
+        ".cfi_startproc\n"
+        "  push %rbx\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        "  mov %rbp, %rbx\n"
+        ".cfi_register %rbp, %rbx\n"
+        "  call walk_here\n"
+        "  mov %rbx, %rbp\n"
+        ".cfi_restore %rbp\n"
+        "  pop %rbx\n"
+        ".cfi_adjust_cfa_offset -8\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size rbp_in_rbx, .-rbp_in_rbx\n");
+
+START_TEST(unwind_rbp_in_another_register)
+{
+    struct walks w;
+    rbp_in_rbx(&w);
+    for (int i = 0; i < WALKS; i++) {
+        ck_assert_msg(w.slow[i] == 1, "walk %d through RBP kept in RBX used a rule", i);
+        ck_assert_int_eq(w.n[i], w.n[0]);
+        for (int k = 2; k < w.n[0]; k++)
+            ck_assert_ptr_eq(w.f[i][k], w.f[0][k]);
+    }
+}
+END_TEST
+
 /* Threads that take samples cost no memory of the walks' own each: libunwind's fast walk kept
  * 256 KiB in each such thread. Sixteen threads walk, then are measured while all still live. */
 enum { WALKERS = 16 };
@@ -1134,6 +1170,7 @@ int main(void)
     tcase_add_test(tc, unwind_agrees_with_libunwind);
     tcase_add_test(tc, unwind_through_signal_frame);
     tcase_add_test(tc, unwind_through_code_without_unwind_info);
+    tcase_add_test(tc, unwind_rbp_in_another_register);
     tcase_add_test(tc, unwind_threads_memory);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
