@@ -18,7 +18,8 @@
  * are. Code without unwind information (hand-written assembly, JIT code, Go's) is walked by its
  * frame pointer, as unw_backtrace walked it: CFA = RBP + 16, each word read checked first, in
  * every walk, learned or not (see guess). Rules are forgotten when the loader loads or
- * unloads anything (rules_check). */
+ * unloads anything (rules_check), and so is libunwind's own cache of frames, which it keeps by
+ * address too and on x86-64 never checks against what is loaded. */
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 #include <errno.h>
@@ -158,6 +159,9 @@ static void rules_check(void)
     if (rules.slot)
         memset(rules.slot, 0, sizeof *rules.slot << rules.bits);
     rules.used = 0;
+    /* libunwind's own cache of what it read of each return address's frame, which the rules
+     * are learned from, is not kept up with the loader either. */
+    unw_flush_cache(unw_local_addr_space, 0, 0);
 }
 
 /* ---- frames without unwind information --------------------------------------------------- */

@@ -1001,6 +1001,47 @@ START_TEST(unwind_rbp_in_another_register)
 }
 END_TEST
 
+/* A library unloaded and another loaded at its address, with another frame at a return address the first had: walked with the second's
+ * frame, by the rules and by libunwind, whose own cache of frames keyed by address must be
+ * forgotten too. */
+static void reload_walk(void *w)
+{
+    walk_here(w);
+}
+
+static uintptr_t reload_run(const char *path, struct walks *w)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    ck_assert_msg(h != NULL, "%s", dlerror());
+    void (*call)(void (*)(void *), void *) = (void (*)(void (*)(void *), void *))dlsym(h, "reload_call");
+    ck_assert_ptr_nonnull(call);
+    call(reload_walk, w);
+    ck_assert_int_eq(dlclose(h), 0);
+    return (uintptr_t)call;
+}
+
+START_TEST(unwind_reload)
+{
+    const char *a = getenv("UNWIND_RELOAD_A"), *b = getenv("UNWIND_RELOAD_B");
+    if (!a || !b) {
+        fprintf(stderr, "# unwind_reload: skipped, UNWIND_RELOAD_A/B not set (run by meson)\n");
+        return;
+    }
+    struct walks w;
+    uintptr_t at_a = reload_run(a, &w);
+    walks_agree(&w, "library A");
+    int n_a = w.nref;
+    uintptr_t at_b = reload_run(b, &w);
+    if (at_b != at_a) {
+        fprintf(stderr, "# unwind_reload: B loaded at another address than A, not compared\n");
+        return;
+    }
+    /* The same frames, but for B's in place of A's. */
+    ck_assert_msg(w.nref == n_a, "libunwind's walk through B has %d frames, through A %d", w.nref, n_a);
+    walks_agree(&w, "library B at A's address");
+}
+END_TEST
+
 /* Threads that take samples cost no memory of the walks' own each: libunwind's fast walk kept
  * 256 KiB in each such thread. Sixteen threads walk, then are measured while all still live. */
 enum { WALKERS = 16 };
@@ -1171,6 +1212,7 @@ int main(void)
     tcase_add_test(tc, unwind_through_signal_frame);
     tcase_add_test(tc, unwind_through_code_without_unwind_info);
     tcase_add_test(tc, unwind_rbp_in_another_register);
+    tcase_add_test(tc, unwind_reload);
     tcase_add_test(tc, unwind_threads_memory);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
