@@ -50,11 +50,12 @@ struct rule {
 
 #define RULE_BITS_MIN 10  /* 16 KiB */
 #define RULE_BITS_MAX 20  /* past a million return addresses, new ones walk slowly */
-/* Learning copies a frame to scratch memory, leaving a page above it, which a rule of another
- * form may read; bigger frames (a function with a large array on its stack) walk slowly. */
+/* Learning tests a rule on a copy of a frame in scratch memory (copy_frame), with a page above
+ * it, which a rule of another form may read; bigger frames (a function with a large array on
+ * its stack) walk slowly. */
 #define SCRATCH_BYTES (64u << 10)
 #define SCRATCH_FRAME (SCRATCH_BYTES - 4096)
-#define SCRATCH_ROOM 64 /* copied below the frame: what a step may read under its RSP */
+#define SCRATCH_ROOM 64 /* below the frame in the copy (zeros): what a step may read under its RSP */
 
 static struct {
     struct rule *slot;
@@ -288,6 +289,21 @@ static bool moved_with(const struct step *real, const struct step *copy, intptr_
            (!bp_off || at(&copy->bp_at, copy->cfa + (uintptr_t)(intptr_t)bp_off));
 }
 
+/* The copy a rule is tested on, of [LO, HI) to the start of scratch memory: only the words the
+ * step read (the return address and a saved RBP: all a step by a rule of this form reads), the
+ * rest zeros, a page above it too. Not the frame itself: a frame's range from RSP to its CFA
+ * may cross from one stack to another, over a guard page (a function that calls on a new
+ * stack), and other words would only let a step of another form find what it found. */
+static intptr_t copy_frame(uintptr_t lo, uintptr_t hi, const struct step *real)
+{
+    memset(rules.scratch, 0, hi - lo + 4096);
+    char *to = rules.scratch - lo;
+    memcpy(to + (real->cfa - 8), (const void *)(real->cfa - 8), 8);
+    if (real->bp_at.u.addr >= lo && real->bp_at.u.addr < hi)
+        memcpy(to + real->bp_at.u.addr, (const void *)real->bp_at.u.addr, 8);
+    return (intptr_t)((uintptr_t)rules.scratch - lo);
+}
+
 /* The rule of the frame at cursor C (a walk of this thread's), read off steps from
  * copies of its registers: one from the registers as they are, which gives the CFA, where the
  * return address and RBP were read; then one from a copy of the frame in scratch memory, RSP
@@ -336,12 +352,10 @@ static struct rule learn(unw_cursor_t *c)
     if (!rules.scratch && !(rules.scratch = _al_mem_map(SCRATCH_BYTES)))
         return out;
     out.rbp_off = (int16_t)bp_off;
-    /* The frame, from SCRATCH_ROOM below RSP up to the CFA (what is above may be no stack at
-     * all: the top of a thread's): RSP's rule. */
+    /* The frame, from SCRATCH_ROOM below RSP up to the CFA: RSP's rule. */
     uintptr_t lo = r.sp - SCRATCH_ROOM, hi = real.cfa;
     if (hi - lo <= SCRATCH_FRAME) {
-        memcpy(rules.scratch, (const void *)lo, hi - lo);
-        intptr_t delta = (intptr_t)((uintptr_t)rules.scratch - lo);
+        intptr_t delta = copy_frame(lo, hi, &real);
         struct regs moved = r;
         moved.sp += (uintptr_t)delta;
         step_from(&moved, &copy);
@@ -357,8 +371,7 @@ static struct rule learn(unw_cursor_t *c)
     lo = r.bp - SCRATCH_ROOM;
     if (real.bp_at.u.addr < lo && bp_off)
         return out; /* RBP saved below the copy */
-    memcpy(rules.scratch, (const void *)lo, hi - lo);
-    intptr_t delta = (intptr_t)((uintptr_t)rules.scratch - lo);
+    intptr_t delta = copy_frame(lo, hi, &real);
     struct regs moved = r;
     moved.bp += (uintptr_t)delta;
     step_from(&moved, &copy);

@@ -1001,9 +1001,66 @@ START_TEST(unwind_rbp_in_another_register)
 }
 END_TEST
 
-/* A library unloaded and another loaded at its address, with another frame at a return address the first had: walked with the second's
- * frame, by the rules and by libunwind, whose own cache of frames keyed by address must be
- * forgotten too. */
+/* A frame on two stacks: a function that calls on another stack (as stacker, psm and
+ * segmented stacks do), its CFA RBP's on the stack it came from, its RSP on the new one, a
+ * guard page between them. Rules are learned without reading the frame's range from RSP to
+ * the CFA, which crosses the guard page. */
+void call_on_stack(void (*fn)(struct walks *), struct walks *w, void *sp);
+__asm__(".text\n"
+        ".type call_on_stack, @function\n"
+        "call_on_stack:\n"
+        ".cfi_startproc\n"
+        "  push %rbp\n"
+        ".cfi_adjust_cfa_offset 8\n"
+        ".cfi_offset %rbp, -16\n"
+        "  mov %rsp, %rbp\n"
+        ".cfi_def_cfa_register %rbp\n"
+        "  mov %rdx, %rsp\n"
+        "  mov %rdi, %rax\n"
+        "  mov %rsi, %rdi\n"
+        "  call *%rax\n"
+        "  mov %rbp, %rsp\n"
+        "  pop %rbp\n"
+        ".cfi_def_cfa %rsp, 8\n"
+        "  ret\n"
+        ".cfi_endproc\n"
+        ".size call_on_stack, .-call_on_stack\n");
+
+enum { TWO_GUARD = 4096, TWO_LOW = 32768, TWO_HIGH = 65536 };
+static char *two_stacks;
+
+static AL_NOINLINE void on_low_stack(struct walks *w)
+{
+    walk_here(w);
+    __asm__ volatile("" ::: "memory");
+}
+
+/* On the higher stack, 2 KiB above its guard page: switches to the lower one's top. */
+static AL_NOINLINE void on_high_stack(struct walks *w)
+{
+    call_on_stack(on_low_stack, w, two_stacks + TWO_GUARD + TWO_LOW);
+    __asm__ volatile("" ::: "memory");
+}
+
+START_TEST(unwind_frame_across_stacks)
+{
+    size_t bytes = TWO_GUARD + TWO_LOW + TWO_GUARD + TWO_HIGH;
+    two_stacks = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(two_stacks, MAP_FAILED);
+    ck_assert_int_eq(mprotect(two_stacks, TWO_GUARD, PROT_NONE), 0);
+    ck_assert_int_eq(mprotect(two_stacks + TWO_GUARD + TWO_LOW, TWO_GUARD, PROT_NONE), 0);
+    struct walks w;
+    for (int i = 0; i < 2; i++) {
+        call_on_stack(on_high_stack, &w, two_stacks + 2 * TWO_GUARD + TWO_LOW + 2048);
+        walks_agree(&w, "frame across two stacks");
+    }
+    munmap(two_stacks, bytes);
+}
+END_TEST
+
+/* A library unloaded and another loaded at its address, with another frame at a return
+ * address the first had: walked with the second's frame, by the rules and by libunwind, whose
+ * own cache of frames keyed by address must be forgotten too. */
 static void reload_walk(void *w)
 {
     walk_here(w);
@@ -1213,6 +1270,7 @@ int main(void)
     tcase_add_test(tc, unwind_through_code_without_unwind_info);
     tcase_add_test(tc, unwind_rbp_in_another_register);
     tcase_add_test(tc, unwind_reload);
+    tcase_add_test(tc, unwind_frame_across_stacks);
     tcase_add_test(tc, unwind_threads_memory);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);
