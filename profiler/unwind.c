@@ -49,7 +49,8 @@ struct rule {
 };
 
 #define RULE_BITS_MIN 10  /* 16 KiB */
-#define RULE_BITS_MAX 20  /* past a million return addresses, new ones walk slowly */
+#define RULE_BITS_MAX 16  /* 1 MiB: once half full, the table starts again empty (JIT code
+                             makes new return addresses for as long as it runs) */
 /* Learning tests a rule on a copy of a frame in scratch memory (copy_frame), with a page above
  * it, which a rule of another form may read; bigger frames (a function with a large array on
  * its stack) walk slowly. */
@@ -123,10 +124,20 @@ static bool rule_grow(void)
     return true;
 }
 
+static void rules_clear(void)
+{
+    if (rules.slot)
+        memset(rules.slot, 0, sizeof *rules.slot << rules.bits);
+    rules.used = 0;
+}
+
 static void rule_add(const struct rule *r)
 {
-    if ((!rules.slot || 2 * (rules.used + 1) > 1u << rules.bits) && !rule_grow())
-        return;
+    if ((!rules.slot || 2 * (rules.used + 1) > 1u << rules.bits) && !rule_grow()) {
+        if (!rules.slot)
+            return;
+        rules_clear();
+    }
     uint64_t mask = (1ull << rules.bits) - 1;
     uint64_t i = _al_fib_hash(r->ip, rules.bits);
     while (rules.slot[i].ip && rules.slot[i].ip != r->ip)
@@ -157,9 +168,7 @@ static void rules_check(void)
         return;
     rules_adds = c[0];
     rules_subs = c[1];
-    if (rules.slot)
-        memset(rules.slot, 0, sizeof *rules.slot << rules.bits);
-    rules.used = 0;
+    rules_clear();
     /* libunwind's own cache of what it read of each return address's frame, which the rules
      * are learned from, is not kept up with the loader either. */
     unw_flush_cache(unw_local_addr_space, 0, 0);
