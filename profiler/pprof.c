@@ -479,7 +479,11 @@ bool _al_pprof_libs_open(void)
     lib.tried = true;
     static const char zso[] = "libz.so.1", eso[] = "libelf.so.1";
     char zerr[160] = "", eerr[160] = "";
-    void *z = dlopen(zso, RTLD_NOW | RTLD_LOCAL);
+    /* zlib's functions call one another through its PLT: a program that exports zlib's names
+     * of its own (node, which bundles its own zlib, built otherwise) would have libz's
+     * deflateInit2_ call the program's deflateReset on libz's state. RTLD_DEEPBIND: libz's
+     * own first (its memory is ours, z_alloc, whatever malloc it would bind). */
+    void *z = dlopen(zso, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
     if (!z)
         snprintf(zerr, sizeof zerr, "%s", dlerror());
     void *e = dlopen(eso, RTLD_NOW | RTLD_LOCAL);

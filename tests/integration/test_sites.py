@@ -904,6 +904,55 @@ def parse_pprof_top(out):
     return total, funcs, err
 
 
+OWN_ZLIB_SOURCE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+/* zlib's names, the program's own and exported (-rdynamic), as node's bundled zlib is. */
+static int own(const char *name) { fprintf(stderr, "the program's own %s called\n", name); abort(); }
+int deflateReset(void *strm) { (void)strm; return own("deflateReset"); }
+int deflateResetKeep(void *strm) { (void)strm; return own("deflateResetKeep"); }
+int deflateEnd(void *strm) { (void)strm; return own("deflateEnd"); }
+int deflate(void *strm, int flush) { (void)strm; (void)flush; return own("deflate"); }
+int main(void)
+{
+    void *volatile p[64];
+    for (int i = 0; i < 64; i++)
+        p[i] = malloc(100 + i);
+    for (int i = 0; i < 64; i++)
+        free(p[i]);
+    puts("{}");
+    return 0;
+}
+"""
+
+
+def check_own_zlib(tap, tmp):
+    """--pprof in a program that exports zlib's names of its own (node): libz's deflateInit2_
+    called the program's deflateReset on libz's state, and node died of SIGSEGV at its exit."""
+    desc = "pprof: a program exporting zlib's names of its own runs to its end, profile written"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        tap.skip(desc, "no cc on PATH")
+        return
+    src = os.path.join(tmp, "own_zlib.c")
+    with open(src, "w") as f:
+        f.write(OWN_ZLIB_SOURCE)
+    exe = os.path.join(tmp, "own_zlib")
+    built = subprocess.run([cc, "-O1", "-rdynamic", "-o", exe, src], capture_output=True, text=True,
+                           timeout=120, cwd=tmp)
+    if not tap.ok(built.returncode == 0, "pprof: own_zlib builds (cc -rdynamic)", built.stderr[-2000:]):
+        return
+    pb = os.path.join(tmp, "own_zlib.pb.gz")
+    proc, rep, truth, why = run([exe], tmp, "own-zlib", extra=("--sample-rate", "64", "--pprof", pb))
+    try:
+        with gzip.open(pb) as f:
+            f.read()
+        gz_why = None
+    except (OSError, EOFError) as e:
+        gz_why = f"{pb}: {e}"
+    tap.ok(not why and not gz_why, desc, why or gz_why)
+
+
 def check_pprof(tap, prog, tmp):
     pb = os.path.join(tmp, "sites.pb.gz")
     proc, rep, truth, why = run([prog], tmp, "pprof", extra=("--seed", "3", "--pprof", pb))
@@ -1025,6 +1074,7 @@ def main():
     check_rust(tap, tmp)
     check_unloaded(tap, counts, plugins, tmp)
     check_pprof(tap, stats, tmp)
+    check_own_zlib(tap, tmp)
     if not tap.failed:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
