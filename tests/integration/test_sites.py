@@ -803,6 +803,19 @@ fn main() {
 MANGLED = re.compile(r"_ZN|\$LT\$|\$GT\$|\$u[0-9a-f]{2}\$|::h[0-9a-f]{16}\b|^_R[A-Za-z0-9_]")
 
 
+def build_program(tap, tmp, name, source, compile_cmd, desc, timeout):
+    """SOURCE written to TMP/NAME and built with COMPILE_CMD (the compiler and its flags) into
+    TMP/NAME less its suffix: that path, or None (a failed check DESC, with the compiler's
+    message)."""
+    src = os.path.join(tmp, name)
+    with open(src, "w") as f:
+        f.write(source)
+    exe = os.path.join(tmp, os.path.splitext(name)[0])
+    built = subprocess.run([*compile_cmd, "-o", exe, src], capture_output=True, text=True,
+                           timeout=timeout, cwd=tmp)
+    return exe if tap.ok(built.returncode == 0, desc, built.stderr[-2000:]) else None
+
+
 def check_rust(tap, tmp):
     """Rust frames read as demangled Rust paths (legacy symbols were left half-demangled as C++,
     with their hash; v0 symbols not at all), and a closure's frame is the closure's (it was the
@@ -812,13 +825,9 @@ def check_rust(tap, tmp):
     if not rustc:
         tap.skip(desc, "no rustc on PATH")
         return
-    src = os.path.join(tmp, "sites_rust.rs")
-    with open(src, "w") as f:
-        f.write(RUST_SOURCE)
-    exe = os.path.join(tmp, "sites_rust")
-    built = subprocess.run([rustc, "-g", "-O", "-o", exe, src], capture_output=True, text=True,
-                           timeout=300, cwd=tmp)
-    if not tap.ok(built.returncode == 0, "rust: the test program builds (rustc -g -O)", built.stderr[-2000:]):
+    exe = build_program(tap, tmp, "sites_rust.rs", RUST_SOURCE, [rustc, "-g", "-O"],
+                        "rust: the test program builds (rustc -g -O)", 300)
+    if not exe:
         return
     proc, rep, truth, why = run([exe], tmp, "rust", extra=("--sample-rate", "1"))
     if not tap.ok(not why, "rust: run completes, sites available", why):
@@ -934,13 +943,9 @@ def check_own_zlib(tap, tmp):
     if not cc:
         tap.skip(desc, "no cc on PATH")
         return
-    src = os.path.join(tmp, "own_zlib.c")
-    with open(src, "w") as f:
-        f.write(OWN_ZLIB_SOURCE)
-    exe = os.path.join(tmp, "own_zlib")
-    built = subprocess.run([cc, "-O1", "-rdynamic", "-o", exe, src], capture_output=True, text=True,
-                           timeout=120, cwd=tmp)
-    if not tap.ok(built.returncode == 0, "pprof: own_zlib builds (cc -rdynamic)", built.stderr[-2000:]):
+    exe = build_program(tap, tmp, "own_zlib.c", OWN_ZLIB_SOURCE, [cc, "-O1", "-rdynamic"],
+                        "pprof: own_zlib builds (cc -rdynamic)", 120)
+    if not exe:
         return
     pb = os.path.join(tmp, "own_zlib.pb.gz")
     proc, rep, truth, why = run([exe], tmp, "own-zlib", extra=("--sample-rate", "64", "--pprof", pb))
