@@ -803,17 +803,22 @@ fn main() {
 MANGLED = re.compile(r"_ZN|\$LT\$|\$GT\$|\$u[0-9a-f]{2}\$|::h[0-9a-f]{16}\b|^_R[A-Za-z0-9_]")
 
 
-def build_program(tap, tmp, name, source, compile_cmd, desc, timeout):
-    """SOURCE written to TMP/NAME and built with COMPILE_CMD (the compiler and its flags) into
-    TMP/NAME less its suffix: that path, or None (a failed check DESC, with the compiler's
-    message)."""
+def build_program(tap, tmp, desc, compilers, flags, name, source, timeout):
+    """SOURCE written to TMP/NAME and built by the first of COMPILERS on PATH, with FLAGS, into
+    TMP/NAME less its suffix: that path, or None (DESC skipped where there is no compiler, a
+    failed check where the build fails, with the compiler's message)."""
+    compiler = next((c for c in map(shutil.which, compilers) if c), None)
+    if not compiler:
+        tap.skip(desc, f"no {' or '.join(compilers)} on PATH")
+        return None
     src = os.path.join(tmp, name)
     with open(src, "w") as f:
         f.write(source)
     exe = os.path.join(tmp, os.path.splitext(name)[0])
-    built = subprocess.run([*compile_cmd, "-o", exe, src], capture_output=True, text=True,
+    built = subprocess.run([compiler, *flags, "-o", exe, src], capture_output=True, text=True,
                            timeout=timeout, cwd=tmp)
-    return exe if tap.ok(built.returncode == 0, desc, built.stderr[-2000:]) else None
+    what = f"{name} builds ({os.path.basename(compiler)} {' '.join(flags)})"
+    return exe if tap.ok(built.returncode == 0, what, built.stderr[-2000:]) else None
 
 
 def check_rust(tap, tmp):
@@ -821,12 +826,7 @@ def check_rust(tap, tmp):
     with their hash; v0 symbols not at all), and a closure's frame is the closure's (it was the
     function the closure was inlined into, with the closure's line)."""
     desc = "rust: frames read as demangled Rust paths, the named function's and the closure's"
-    rustc = shutil.which("rustc")
-    if not rustc:
-        tap.skip(desc, "no rustc on PATH")
-        return
-    exe = build_program(tap, tmp, "sites_rust.rs", RUST_SOURCE, [rustc, "-g", "-O"],
-                        "rust: the test program builds (rustc -g -O)", 300)
+    exe = build_program(tap, tmp, desc, ("rustc",), ["-g", "-O"], "sites_rust.rs", RUST_SOURCE, 300)
     if not exe:
         return
     proc, rep, truth, why = run([exe], tmp, "rust", extra=("--sample-rate", "1"))
@@ -939,12 +939,8 @@ def check_own_zlib(tap, tmp):
     """--pprof in a program that exports zlib's names of its own (node): libz's deflateInit2_
     called the program's deflateReset on libz's state, and node died of SIGSEGV at its exit."""
     desc = "pprof: a program exporting zlib's names of its own runs to its end, profile written"
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        tap.skip(desc, "no cc on PATH")
-        return
-    exe = build_program(tap, tmp, "own_zlib.c", OWN_ZLIB_SOURCE, [cc, "-O1", "-rdynamic"],
-                        "pprof: own_zlib builds (cc -rdynamic)", 120)
+    exe = build_program(tap, tmp, desc, ("cc", "gcc"), ["-O1", "-rdynamic"], "own_zlib.c",
+                        OWN_ZLIB_SOURCE, 120)
     if not exe:
         return
     pb = os.path.join(tmp, "own_zlib.pb.gz")
