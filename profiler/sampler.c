@@ -23,6 +23,7 @@
 
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
+#include <link.h>
 
 #include "profiler.h"
 #include "sampler.h"
@@ -143,7 +144,9 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p, struct al_sample_undo *u)
  * allocations come to neither: the thread is busy. */
 static __thread char owner_tag __attribute__((tls_model("initial-exec")));
 
-static bool owned_lock(_Atomic uintptr_t *l)
+/* L taken (true), or held already by this thread (false), or, while GIVE_UP (if any) is
+ * non-zero and L is another's, not taken (*GAVE_UP set). */
+static bool owned_lock_unless(_Atomic uintptr_t *l, _Atomic unsigned *give_up, bool *gave_up)
 {
     uintptr_t me = (uintptr_t)&owner_tag, none;
     if (atomic_load_explicit(l, memory_order_relaxed) == me)
@@ -152,8 +155,17 @@ static bool owned_lock(_Atomic uintptr_t *l)
         none = 0;
         if (atomic_compare_exchange_weak_explicit(l, &none, me, memory_order_acquire, memory_order_relaxed))
             return true;
+        if (give_up && atomic_load_explicit(give_up, memory_order_relaxed)) {
+            *gave_up = true;
+            return false;
+        }
         _al_spin_wait(n);
     }
+}
+
+static bool owned_lock(_Atomic uintptr_t *l)
+{
+    return owned_lock_unless(l, NULL, NULL);
 }
 
 static void owned_unlock(_Atomic uintptr_t *l, bool took)
@@ -326,14 +338,25 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
  * processes once the handler returns. */
 static _Atomic uintptr_t unwind_lock;
 
-bool _al_sampler_unwind_lock(void)
+/* Forks between their prepare handler and their return. The C library's fork takes the
+ * loader's lock after the prepare handlers, which take this one; a walk takes the loader's
+ * lock first (walk_locked). A walk that finds a fork waiting, or under way, gives its stack up
+ * rather than wait for this lock holding the loader's: the sample counts, under no site. */
+static _Atomic unsigned forks_waiting;
+
+bool _al_sampler_unwind_lock_for_fork(void)
 {
+    atomic_fetch_add_explicit(&forks_waiting, 1, memory_order_relaxed);
     return owned_lock(&unwind_lock);
 }
 
-void _al_sampler_unwind_unlock(bool took)
+void _al_sampler_unwind_unlock_after_fork(bool took, bool child)
 {
     owned_unlock(&unwind_lock, took);
+    if (child)
+        atomic_store_explicit(&forks_waiting, 0, memory_order_relaxed); /* the only thread */
+    else
+        atomic_fetch_sub_explicit(&forks_waiting, 1, memory_order_relaxed);
 }
 
 /* The loader brings a thread's table of dynamic TLS blocks up to date at the thread's first
@@ -358,17 +381,53 @@ static AL_NOINLINE void tls_upkeep(struct al_thread *t)
     t->busy = 1;
 }
 
+struct walk {
+    void **raw;
+    int max, n;
+    void *via; /* the return address into dl_iterate_phdr: a frame of ours, dropped */
+};
+
+static int walk_locked(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    struct walk *wk = arg;
+    wk->via = __builtin_return_address(0);
+    struct al_loader_counts loaded = { info->dlpi_adds, info->dlpi_subs };
+    bool gave_up = false;
+    bool took = owned_lock_unless(&unwind_lock, &forks_waiting, &gave_up);
+    if (gave_up)
+        return 1;
+    _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
+    wk->n = _al_unwind_backtrace(wk->raw, wk->max, &loaded);
+    _al_fds_ours = false;
+    owned_unlock(&unwind_lock, took);
+    return 1;
+}
+
+/* The walk runs inside dl_iterate_phdr, under the loader's lock (which gives its counts of
+ * objects loaded and unloaded with the first object). libunwind takes that lock in walks, to
+ * find the unwind information of an address: taken first, the two locks are taken in one order
+ * by every thread. A walk that took it under the unwind lock waited for it while a thread of
+ * the program allocating inside a dl_iterate_phdr callback of its own held it and waited for
+ * the unwind lock. */
 int _al_sampler_backtrace(void **raw, int max)
 {
     /* Where the program's seccomp filters may refuse what libunwind does, no stack: a sample
      * still counts, under a site with none. */
     if (!_al_seccomp_measures_ok())
         return 0;
-    bool took = _al_sampler_unwind_lock();
-    _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
-    int n = _al_unwind_backtrace(raw, max);
-    _al_fds_ours = false;
-    _al_sampler_unwind_unlock(took);
+    struct walk wk = { raw, max, 0, NULL };
+    dl_iterate_phdr(walk_locked, &wk);
+    /* Its frame, the innermost at that address: a program's callback called from the same
+     * place further out is the program's. */
+    int n = 0;
+    bool dropped = false;
+    for (int i = 0; i < wk.n; i++) {
+        if (!dropped && raw[i] == wk.via)
+            dropped = true;
+        else
+            raw[n++] = raw[i];
+    }
     return n;
 }
 

@@ -23,7 +23,6 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 #include <errno.h>
-#include <link.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <ucontext.h>
@@ -81,8 +80,8 @@ static struct {
     bool unable; /* process_vm_readv refused: such frames walk slowly, as libunwind steps */
 } readable;
 
-/* The loader's counts of objects loaded and unloaded when the rules were last checked. */
-static unsigned long long rules_adds, rules_subs;
+/* The loader's counts of objects loaded and unloaded the rules were learned under. */
+static struct al_loader_counts rules_counts;
 unsigned long _al_unwind_slow_walks;
 
 static struct rule *rule_find(uintptr_t ip)
@@ -149,25 +148,14 @@ static void rule_add(const struct rule *r)
 
 /* Rules hold for the code that was there: once an object is loaded or unloaded (the program's
  * dlopen and dlclose, the C library's own of its NSS and iconv modules) an address may hold
- * other code (a library mapped where another was, or where JIT code was). dl_iterate_phdr
- * gives the loader's counts with the first object: the rules are dropped when they moved. */
-static int loader_counts(struct dl_phdr_info *info, size_t size, void *counts)
+ * other code (a library mapped where another was, or where JIT code was). The walk is given the
+ * loader's counts of both (the walk runs inside dl_iterate_phdr: _al_sampler_backtrace); the
+ * rules are dropped when they moved. */
+static void rules_check(const struct al_loader_counts *c)
 {
-    (void)size;
-    unsigned long long *c = counts;
-    c[0] = info->dlpi_adds;
-    c[1] = info->dlpi_subs;
-    return 1;
-}
-
-static void rules_check(void)
-{
-    unsigned long long c[2] = { rules_adds, rules_subs };
-    dl_iterate_phdr(loader_counts, c);
-    if (AL_LIKELY(c[0] == rules_adds && c[1] == rules_subs))
+    if (AL_LIKELY(c->adds == rules_counts.adds && c->subs == rules_counts.subs))
         return;
-    rules_adds = c[0];
-    rules_subs = c[1];
+    rules_counts = *c;
     rules_clear();
     /* libunwind's own cache of what it read of each return address's frame, which the rules
      * are learned from, is not kept up with the loader either. */
@@ -483,15 +471,16 @@ static int fast_walk(void **raw, int max)
     return n;
 }
 
-/* Under the sampler's unwind lock. Not inlined: the walk starts from this function's frame,
+/* Under the loader's lock and the sampler's unwind lock; LOADED: the loader's counts. Not
+ * inlined: the walk starts from this function's frame,
  * which must outlive it. */
-AL_NOINLINE int _al_unwind_backtrace(void **raw, int max)
+AL_NOINLINE int _al_unwind_backtrace(void **raw, int max, const struct al_loader_counts *loaded)
 {
     if (unw_getcontext(&w.start) < 0)
         return 0;
     readable.n = 0;
     readable.pid = 0; /* a fork's child has another */
-    rules_check();
+    rules_check(loaded);
     int n = fast_walk(raw, max);
     return n >= 0 ? n : slow_walk(raw, max);
 }
