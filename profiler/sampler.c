@@ -144,9 +144,7 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p, struct al_sample_undo *u)
  * allocations come to neither: the thread is busy. */
 static __thread char owner_tag __attribute__((tls_model("initial-exec")));
 
-/* L taken (true), or held already by this thread (false), or, while GIVE_UP (if any) is
- * non-zero and L is another's, not taken (*GAVE_UP set). */
-static bool owned_lock_unless(_Atomic uintptr_t *l, _Atomic unsigned *give_up, bool *gave_up)
+static bool owned_lock(_Atomic uintptr_t *l)
 {
     uintptr_t me = (uintptr_t)&owner_tag, none;
     if (atomic_load_explicit(l, memory_order_relaxed) == me)
@@ -155,17 +153,8 @@ static bool owned_lock_unless(_Atomic uintptr_t *l, _Atomic unsigned *give_up, b
         none = 0;
         if (atomic_compare_exchange_weak_explicit(l, &none, me, memory_order_acquire, memory_order_relaxed))
             return true;
-        if (give_up && atomic_load_explicit(give_up, memory_order_relaxed)) {
-            *gave_up = true;
-            return false;
-        }
         _al_spin_wait(n);
     }
-}
-
-static bool owned_lock(_Atomic uintptr_t *l)
-{
-    return owned_lock_unless(l, NULL, NULL);
 }
 
 static void owned_unlock(_Atomic uintptr_t *l, bool took)
@@ -338,25 +327,33 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
  * processes once the handler returns. */
 static _Atomic uintptr_t unwind_lock;
 
-/* Forks between their prepare handler and their return. The C library's fork takes the
- * loader's lock after the prepare handlers, which take this one; a walk takes the loader's
- * lock first (walk_locked). A walk that finds a fork waiting, or under way, gives its stack up
- * rather than wait for this lock holding the loader's: the sample counts, under no site. */
-static _Atomic unsigned forks_waiting;
+/* Walks run inside dl_iterate_phdr, under the loader's lock, which the C library's fork
+ * neither takes nor sets right in the child: a fork while a walk of another thread was in there
+ * left the child's loader lock held for good, and the child waited on it at its first walk.
+ * A fork's prepare handler says it is coming (forks_waiting), waits until no walk of another
+ * thread is inside (walkers_inside, less this thread's own where a signal handler interrupted
+ * it there), then takes the unwind lock; a walk that would start meanwhile gives its stack up
+ * (the sample counts, under no site). */
+static _Atomic unsigned forks_waiting, walkers_inside;
+static __thread bool walking __attribute__((tls_model("initial-exec")));
 
 bool _al_sampler_unwind_lock_for_fork(void)
 {
-    atomic_fetch_add_explicit(&forks_waiting, 1, memory_order_relaxed);
+    atomic_fetch_add(&forks_waiting, 1);
+    for (unsigned n = 0; atomic_load(&walkers_inside) > (walking ? 1u : 0u); n++)
+        _al_spin_wait(n);
     return owned_lock(&unwind_lock);
 }
 
 void _al_sampler_unwind_unlock_after_fork(bool took, bool child)
 {
     owned_unlock(&unwind_lock, took);
-    if (child)
-        atomic_store_explicit(&forks_waiting, 0, memory_order_relaxed); /* the only thread */
-    else
-        atomic_fetch_sub_explicit(&forks_waiting, 1, memory_order_relaxed);
+    if (child) { /* the only thread */
+        atomic_store(&walkers_inside, walking ? 1u : 0u);
+        atomic_store(&forks_waiting, 0);
+    } else {
+        atomic_fetch_sub(&forks_waiting, 1);
+    }
 }
 
 /* The loader brings a thread's table of dynamic TLS blocks up to date at the thread's first
@@ -393,10 +390,7 @@ static int walk_locked(struct dl_phdr_info *info, size_t size, void *arg)
     struct walk *wk = arg;
     wk->via = __builtin_return_address(0);
     struct al_loader_counts loaded = { info->dlpi_adds, info->dlpi_subs };
-    bool gave_up = false;
-    bool took = owned_lock_unless(&unwind_lock, &forks_waiting, &gave_up);
-    if (gave_up)
-        return 1;
+    bool took = owned_lock(&unwind_lock);
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     wk->n = _al_unwind_backtrace(wk->raw, wk->max, &loaded);
     _al_fds_ours = false;
@@ -409,7 +403,7 @@ static int walk_locked(struct dl_phdr_info *info, size_t size, void *arg)
  * find the unwind information of an address: taken first, the two locks are taken in one order
  * by every thread. A walk that took it under the unwind lock waited for it while a thread of
  * the program allocating inside a dl_iterate_phdr callback of its own held it and waited for
- * the unwind lock. */
+ * the unwind lock. A fork coming: no walk (see forks_waiting). */
 int _al_sampler_backtrace(void **raw, int max)
 {
     /* Where the program's seccomp filters may refuse what libunwind does, no stack: a sample
@@ -417,7 +411,14 @@ int _al_sampler_backtrace(void **raw, int max)
     if (!_al_seccomp_measures_ok())
         return 0;
     struct walk wk = { raw, max, 0, NULL };
-    dl_iterate_phdr(walk_locked, &wk);
+    atomic_fetch_add(&walkers_inside, 1);
+    if (atomic_load(&forks_waiting) == 0) {
+        bool was = walking;
+        walking = true;
+        dl_iterate_phdr(walk_locked, &wk);
+        walking = was;
+    }
+    atomic_fetch_sub(&walkers_inside, 1);
     /* Its frame, the innermost at that address: a program's callback called from the same
      * place further out is the program's. */
     int n = 0;
