@@ -100,14 +100,14 @@ static bool fork_took_unwind, fork_took_samples;
 void _al_process_atfork_prepare(void)
 {
     _al_threads_atfork_prepare();
-    fork_took_unwind = _al_sampler_unwind_lock_for_fork();
+    fork_took_unwind = _al_sampler_unwind_lock();
     fork_took_samples = _al_sampler_lock();
 }
 
 void _al_process_atfork_parent(void)
 {
     _al_sampler_unlock(fork_took_samples);
-    _al_sampler_unwind_unlock_after_fork(fork_took_unwind, false);
+    _al_sampler_unwind_unlock(fork_took_unwind);
     _al_threads_atfork_parent();
 }
 
@@ -117,7 +117,7 @@ void _al_process_atfork_child(void)
     _al_stderr_after_fork_child();
     _al_threads_after_fork_child();
     _al_sampler_atfork_child(fork_took_samples);
-    _al_sampler_unwind_unlock_after_fork(fork_took_unwind, true);
+    _al_sampler_unwind_unlock(fork_took_unwind);
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
     _al_shadow_after_fork_child();

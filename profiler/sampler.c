@@ -23,7 +23,6 @@
 
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
-#include <link.h>
 
 #include "profiler.h"
 #include "sampler.h"
@@ -327,33 +326,14 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
  * processes once the handler returns. */
 static _Atomic uintptr_t unwind_lock;
 
-/* Walks run inside dl_iterate_phdr, under the loader's lock, which the C library's fork
- * neither takes nor sets right in the child: a fork while a walk of another thread was in there
- * left the child's loader lock held for good, and the child waited on it at its first walk.
- * A fork's prepare handler says it is coming (forks_waiting), waits until no walk of another
- * thread is inside (walkers_inside, less this thread's own where a signal handler interrupted
- * it there), then takes the unwind lock; a walk that would start meanwhile gives its stack up
- * (the sample counts, under no site). */
-static _Atomic unsigned forks_waiting, walkers_inside;
-static __thread bool walking __attribute__((tls_model("initial-exec")));
-
-bool _al_sampler_unwind_lock_for_fork(void)
+bool _al_sampler_unwind_lock(void)
 {
-    atomic_fetch_add(&forks_waiting, 1);
-    for (unsigned n = 0; atomic_load(&walkers_inside) > (walking ? 1u : 0u); n++)
-        _al_spin_wait(n);
     return owned_lock(&unwind_lock);
 }
 
-void _al_sampler_unwind_unlock_after_fork(bool took, bool child)
+void _al_sampler_unwind_unlock(bool took)
 {
     owned_unlock(&unwind_lock, took);
-    if (child) { /* the only thread */
-        atomic_store(&walkers_inside, walking ? 1u : 0u);
-        atomic_store(&forks_waiting, 0);
-    } else {
-        atomic_fetch_sub(&forks_waiting, 1);
-    }
 }
 
 /* The loader brings a thread's table of dynamic TLS blocks up to date at the thread's first
@@ -378,57 +358,19 @@ static AL_NOINLINE void tls_upkeep(struct al_thread *t)
     t->busy = 1;
 }
 
-struct walk {
-    void **raw;
-    int max, n;
-    void *via; /* the return address into dl_iterate_phdr: a frame of ours, dropped */
-};
-
-static int walk_locked(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    (void)size;
-    struct walk *wk = arg;
-    wk->via = __builtin_return_address(0);
-    struct al_loader_counts loaded = { info->dlpi_adds, info->dlpi_subs };
-    bool took = owned_lock(&unwind_lock);
-    _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
-    wk->n = _al_unwind_backtrace(wk->raw, wk->max, &loaded);
-    _al_fds_ours = false;
-    owned_unlock(&unwind_lock, took);
-    return 1;
-}
-
-/* The walk runs inside dl_iterate_phdr, under the loader's lock (which gives its counts of
- * objects loaded and unloaded with the first object). libunwind takes that lock in walks, to
- * find the unwind information of an address: taken first, the two locks are taken in one order
- * by every thread. A walk that took it under the unwind lock waited for it while a thread of
- * the program allocating inside a dl_iterate_phdr callback of its own held it and waited for
- * the unwind lock. A fork coming: no walk (see forks_waiting). */
 int _al_sampler_backtrace(void **raw, int max)
 {
     /* Where the program's seccomp filters may refuse what libunwind does, no stack: a sample
      * still counts, under a site with none. */
     if (!_al_seccomp_measures_ok())
         return 0;
-    struct walk wk = { raw, max, 0, NULL };
-    atomic_fetch_add(&walkers_inside, 1);
-    if (atomic_load(&forks_waiting) == 0) {
-        bool was = walking;
-        walking = true;
-        dl_iterate_phdr(walk_locked, &wk);
-        walking = was;
-    }
-    atomic_fetch_sub(&walkers_inside, 1);
-    /* Its frame, the innermost at that address: a program's callback called from the same
-     * place further out is the program's. */
-    int n = 0;
-    bool dropped = false;
-    for (int i = 0; i < wk.n; i++) {
-        if (!dropped && raw[i] == wk.via)
-            dropped = true;
-        else
-            raw[n++] = raw[i];
-    }
+    struct al_loader_counts loaded;
+    _al_unwind_loader_counts(&loaded);
+    bool took = _al_sampler_unwind_lock();
+    _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
+    int n = _al_unwind_backtrace(raw, max, &loaded);
+    _al_fds_ours = false;
+    _al_sampler_unwind_unlock(took);
     return n;
 }
 

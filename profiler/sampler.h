@@ -126,19 +126,20 @@ void _al_sampler_report_begins(void);
 /* The calling thread's return addresses, innermost first, into RAW (at most MAX); how many.
  * The thread must be busy: libunwind may allocate. */
 int _al_sampler_backtrace(void **raw, int max);
-/* unwind.c: the walk itself (the loader's lock and the unwind lock held), given the loader's
- * counts of objects loaded and unloaded (dl_iterate_phdr's dlpi_adds and dlpi_subs). */
+/* unwind.c: the walk itself (the unwind lock held), and the loader's counts of objects loaded
+ * and unloaded it is given, read before that lock is taken. */
 struct al_loader_counts {
     unsigned long long adds, subs;
 };
+void _al_unwind_loader_counts(struct al_loader_counts *c);
 int _al_unwind_backtrace(void **raw, int max, const struct al_loader_counts *loaded);
 /* Walks made by libunwind's steps rather than the rules (for the tests). */
 extern unsigned long _al_unwind_slow_walks;
 /* Unwinding's lock (sampler.c), which fork takes first and releases last, and the table's.
  * Each lock returns false where the thread held it already (a signal handler interrupted
  * it there), and its unlock then leaves it held: pass what the lock returned. */
-bool _al_sampler_unwind_lock_for_fork(void);
-void _al_sampler_unwind_unlock_after_fork(bool took, bool child);
+bool _al_sampler_unwind_lock(void);
+void _al_sampler_unwind_unlock(bool took);
 bool _al_sampler_lock(void);
 void _al_sampler_unlock(bool took);
 /* Live samples (lock held). */

@@ -23,6 +23,7 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 #include <errno.h>
+#include <link.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <ucontext.h>
@@ -148,9 +149,28 @@ static void rule_add(const struct rule *r)
 
 /* Rules hold for the code that was there: once an object is loaded or unloaded (the program's
  * dlopen and dlclose, the C library's own of its NSS and iconv modules) an address may hold
- * other code (a library mapped where another was, or where JIT code was). The walk is given the
- * loader's counts of both (the walk runs inside dl_iterate_phdr: _al_sampler_backtrace); the
- * rules are dropped when they moved. */
+ * other code (a library mapped where another was, or where JIT code was). dl_iterate_phdr
+ * gives the loader's counts with the first object; the rules are dropped when they moved.
+ * They are read before the unwind lock is taken: dl_iterate_phdr takes the loader's lock,
+ * which a thread allocating inside a dl_iterate_phdr callback of its own holds while it waits
+ * for the unwind lock. A walker's counts may then be older than the table's; they still
+ * describe every frame of its own stack (code it runs was loaded before it read them), and a
+ * table learned under other counts is dropped first. */
+static int loader_counts(struct dl_phdr_info *info, size_t size, void *counts)
+{
+    (void)size;
+    struct al_loader_counts *c = counts;
+    c->adds = info->dlpi_adds;
+    c->subs = info->dlpi_subs;
+    return 1;
+}
+
+void _al_unwind_loader_counts(struct al_loader_counts *c)
+{
+    *c = (struct al_loader_counts){ 0, 0 };
+    dl_iterate_phdr(loader_counts, c);
+}
+
 static void rules_check(const struct al_loader_counts *c)
 {
     if (AL_LIKELY(c->adds == rules_counts.adds && c->subs == rules_counts.subs))
@@ -471,8 +491,8 @@ static int fast_walk(void **raw, int max)
     return n;
 }
 
-/* Under the loader's lock and the sampler's unwind lock; LOADED: the loader's counts. Not
- * inlined: the walk starts from this function's frame,
+/* Under the sampler's unwind lock; LOADED: what _al_unwind_loader_counts read before it was
+ * taken. Not inlined: the walk starts from this function's frame,
  * which must outlive it. */
 AL_NOINLINE int _al_unwind_backtrace(void **raw, int max, const struct al_loader_counts *loaded)
 {

@@ -330,9 +330,6 @@ CASES = [
          ["smallstack-exec", "@leaf"]),
     case("a coroutine on an 8 KiB stack allocates, nearly every allocation sampled",
          "host_threads", ["coroutine"], env={"ALLOCLENS_SAMPLE_RATE": "64"}),
-    case("allocations inside dl_iterate_phdr callbacks while other threads allocate, "
-         "nearly every allocation sampled", "host_threads", ["phdr"],
-         env={"ALLOCLENS_SAMPLE_RATE": "64"}),
     case("vfork+execve", "host_vfork"),
     case("posix_spawn, system, popen", "host_spawn"),
     case("errno and edge cases", "host_errno"),

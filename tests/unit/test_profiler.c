@@ -8,7 +8,6 @@
  * libunwind's, rules learned once, no memory per thread). */
 #include <check.h>
 #include <dlfcn.h>
-#include <link.h>
 #include <sys/auxv.h>
 
 #include "check_main.h"
@@ -774,13 +773,6 @@ struct walks {
     unsigned long slow[WALKS];
 };
 
-static int loader_counts(struct dl_phdr_info *info, size_t size, void *counts)
-{
-    (void)size;
-    *(struct al_loader_counts *)counts = (struct al_loader_counts){ info->dlpi_adds, info->dlpi_subs };
-    return 1;
-}
-
 /* WALKS walks from one call site (the first learns, the others use the rules), then the
  * reference. Frames 0 and 1 are the walkers' own and where they were called: compared from 2. */
 void walk_here(struct walks *w);
@@ -789,7 +781,7 @@ __attribute__((used)) AL_NOINLINE void walk_here(struct walks *w)
     for (int i = 0; i < WALKS; i++) {
         unsigned long before = _al_unwind_slow_walks;
         struct al_loader_counts loaded;
-        dl_iterate_phdr(loader_counts, &loaded);
+        _al_unwind_loader_counts(&loaded);
         w->n[i] = _al_unwind_backtrace(w->f[i], DEPTH, &loaded);
         w->slow[i] = _al_unwind_slow_walks - before;
     }
@@ -1109,38 +1101,6 @@ START_TEST(unwind_reload)
 }
 END_TEST
 
-/* A sample inside a dl_iterate_phdr callback of the program's: the walk runs inside a
- * dl_iterate_phdr of its own (the loader's lock first); that frame is dropped, the program's,
- * at the same return address further out, is kept. Frames from the program's callback out are
- * libunwind's. */
-struct in_phdr {
-    void *raw[DEPTH], *ref[DEPTH];
-    int n, nref;
-};
-
-static int sample_in_callback(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    (void)info;
-    (void)size;
-    struct in_phdr *p = arg;
-    p->n = _al_sampler_backtrace(p->raw, DEPTH);
-    p->nref = reference_walk(p->ref, DEPTH);
-    return 1;
-}
-
-START_TEST(unwind_inside_dl_iterate_phdr)
-{
-    struct in_phdr p;
-    dl_iterate_phdr(sample_in_callback, &p);
-    /* raw: the walk, walk_locked, _al_sampler_backtrace, the call in sample_in_callback, then
-     * the callers (the program's dl_iterate_phdr first); ref: reference_walk, the call in
-     * sample_in_callback, then the callers. */
-    ck_assert_int_eq(p.n, p.nref + 2);
-    for (int k = 2; k < p.nref; k++)
-        ck_assert_msg(p.raw[k + 2] == p.ref[k], "frame %d: %p, libunwind's %p", k, p.raw[k + 2], p.ref[k]);
-}
-END_TEST
-
 /* Threads that take samples cost no memory of the walks' own each: libunwind's fast walk kept
  * 256 KiB in each such thread. Sixteen threads walk, then are measured while all still live. */
 enum { WALKERS = 16 };
@@ -1313,7 +1273,6 @@ int main(void)
     tcase_add_test(tc, unwind_rbp_in_another_register);
     tcase_add_test(tc, unwind_reload);
     tcase_add_test(tc, unwind_frame_across_stacks);
-    tcase_add_test(tc, unwind_inside_dl_iterate_phdr);
     tcase_add_test(tc, unwind_threads_memory);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);

@@ -37,13 +37,8 @@
  *            before the exec runs on that stack
  *   coroutine  a ucontext coroutine on an 8 KiB stack, a guard page under it, makes 2000
  *            allocations and frees each (run with most of them sampled): a sample's stack
- *            walk, the first one through those frames too, fits in what the program leaves
- *   phdr     one thread allocates inside dl_iterate_phdr's callback (the loader's lock held),
- *            300 times over every loaded object, while two others allocate (run with most
- *            allocations sampled): a profiler that takes the loader's lock under a lock of its
- *            own that such an allocation waits for deadlocks */
+ *            walk, the first one through those frames too, fits in what the program leaves */
 #include <limits.h>
-#include <link.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -440,56 +435,6 @@ static int coroutine(void)
     return 0;
 }
 
-static int in_callback(struct dl_phdr_info *info, size_t size, void *sum)
-{
-    (void)size;
-    char *volatile p = malloc(32 + strlen(info->dlpi_name));
-    if (!p)
-        exit(91);
-    strcpy(p, info->dlpi_name);
-    *(long *)sum += (long)strlen(p);
-    free(p);
-    return 0;
-}
-
-static void *phdr_walker(void *arg)
-{
-    long sum = 0;
-    for (int i = 0; i < 300; i++)
-        dl_iterate_phdr(in_callback, &sum);
-    *(long *)arg = sum;
-    return NULL;
-}
-
-static void *phdr_allocator(void *arg)
-{
-    (void)arg;
-    for (int i = 0; i < 100000; i++) {
-        char *volatile p = malloc(16 + (size_t)(i % 64) * 16);
-        if (!p)
-            exit(91);
-        p[0] = 1;
-        free(p);
-    }
-    return NULL;
-}
-
-static int phdr(void)
-{
-    pthread_t w, a[2];
-    long sum = 0;
-    if (pthread_create(&w, NULL, phdr_walker, &sum) != 0)
-        return 1;
-    for (int i = 0; i < 2; i++)
-        if (pthread_create(&a[i], NULL, phdr_allocator, NULL) != 0)
-            return 1;
-    pthread_join(w, NULL);
-    for (int i = 0; i < 2; i++)
-        pthread_join(a[i], NULL);
-    printf("phdr: 300 walks of the loaded objects, names' lengths summed: %s\n", sum > 0 ? "yes" : "no");
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "many";
@@ -513,8 +458,6 @@ int main(int argc, char **argv)
         return smallstack_exec(argv[2]);
     if (!strcmp(mode, "coroutine"))
         return coroutine();
-    if (!strcmp(mode, "phdr"))
-        return phdr();
     fprintf(stderr, "host_threads: unknown mode %s\n", mode);
     return 2;
 }
