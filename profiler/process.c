@@ -100,6 +100,7 @@ static bool fork_took_unwind, fork_took_samples;
 void _al_process_atfork_prepare(void)
 {
     _al_threads_atfork_prepare();
+    _al_sampler_fork_prepare();
     fork_took_unwind = _al_sampler_unwind_lock();
     fork_took_samples = _al_sampler_lock();
 }
@@ -108,6 +109,7 @@ void _al_process_atfork_parent(void)
 {
     _al_sampler_unlock(fork_took_samples);
     _al_sampler_unwind_unlock(fork_took_unwind);
+    _al_sampler_fork_done(false);
     _al_threads_atfork_parent();
 }
 
@@ -118,6 +120,7 @@ void _al_process_atfork_child(void)
     _al_threads_after_fork_child();
     _al_sampler_atfork_child(fork_took_samples);
     _al_sampler_unwind_unlock(fork_took_unwind);
+    _al_sampler_fork_done(true);
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
     _al_shadow_after_fork_child();

@@ -336,6 +336,47 @@ void _al_sampler_unwind_unlock(bool took)
     owned_unlock(&unwind_lock, took);
 }
 
+/* A walk reads the loader's counts (dl_iterate_phdr, the loader's lock held) before it takes the
+ * unwind lock, and the C library's fork neither takes that lock nor sets it right in the child:
+ * a fork while another thread read them left the child's loader lock held for good, and the
+ * child waited on it at its first walk. A fork's prepare handler says it is coming
+ * (forks_waiting) and waits until no other thread is reading them (readers, less this thread
+ * where a signal handler interrupted it there) before it takes the unwind lock; a walk that
+ * would read them meanwhile gives its stack up (the sample counts, under no site). */
+static _Atomic unsigned forks_waiting, readers;
+static __thread bool reading __attribute__((tls_model("initial-exec")));
+
+void _al_sampler_fork_prepare(void)
+{
+    atomic_fetch_add(&forks_waiting, 1);
+    for (unsigned n = 0; atomic_load(&readers) > (reading ? 1u : 0u); n++)
+        _al_spin_wait(n);
+}
+
+void _al_sampler_fork_done(bool child)
+{
+    if (child) { /* the only thread */
+        atomic_store(&readers, reading ? 1u : 0u);
+        atomic_store(&forks_waiting, 0);
+    } else {
+        atomic_fetch_sub(&forks_waiting, 1);
+    }
+}
+
+static bool loader_counts(struct al_loader_counts *c)
+{
+    atomic_fetch_add(&readers, 1);
+    bool go = atomic_load(&forks_waiting) == 0;
+    if (go) {
+        bool was = reading;
+        reading = true;
+        _al_unwind_loader_counts(c);
+        reading = was;
+    }
+    atomic_fetch_sub(&readers, 1);
+    return go;
+}
+
 /* The loader brings a thread's table of dynamic TLS blocks up to date at the thread's first
  * access to such a block after a dlopen or dlclose, and frees a closed library's blocks then,
  * with the program's free: in a plain run, at the program's next access. libunwind's
@@ -365,7 +406,8 @@ int _al_sampler_backtrace(void **raw, int max)
     if (!_al_seccomp_measures_ok())
         return 0;
     struct al_loader_counts loaded;
-    _al_unwind_loader_counts(&loaded);
+    if (!loader_counts(&loaded))
+        return 0;
     bool took = _al_sampler_unwind_lock();
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     int n = _al_unwind_backtrace(raw, max, &loaded);

@@ -140,6 +140,9 @@ extern unsigned long _al_unwind_slow_walks;
  * it there), and its unlock then leaves it held: pass what the lock returned. */
 bool _al_sampler_unwind_lock(void);
 void _al_sampler_unwind_unlock(bool took);
+/* Fork's, before that lock is taken and after it is let go (sampler.c: the loader's counts). */
+void _al_sampler_fork_prepare(void);
+void _al_sampler_fork_done(bool child);
 bool _al_sampler_lock(void);
 void _al_sampler_unlock(bool took);
 /* Live samples (lock held). */
