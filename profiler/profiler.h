@@ -21,6 +21,7 @@
 #include "alloc_config.h"
 #include "counters.h"
 #include "shadow.h"
+#include "spin.h"
 
 struct al_thread;
 struct al_settings;
@@ -211,33 +212,6 @@ size_t _al_mem_footprint(void);   /* bytes the profiler holds mapped */
 AL_INLINE void _al_mem_touch(void *p)
 {
     __atomic_fetch_add((unsigned char *)p, 0, __ATOMIC_RELAXED);
-}
-
-/* The profiler's own locks: spin locks, only ever on rare paths (a sample, a snapshot, a
- * thread starting or ending, the report), never a lock of the allocator being measured. */
-AL_INLINE bool _al_spin_trylock(_Atomic int *l)
-{
-    return !atomic_exchange_explicit(l, 1, memory_order_acquire);
-}
-
-/* The Nth wait of a spin lock's loop: a pause, and past 64 the CPU given up. */
-AL_INLINE void _al_spin_wait(unsigned n)
-{
-    if (n > 64)
-        sched_yield();
-    else
-        __builtin_ia32_pause();
-}
-
-AL_INLINE void _al_spin_lock(_Atomic int *l)
-{
-    for (unsigned n = 0; !_al_spin_trylock(l); n++)
-        _al_spin_wait(n);
-}
-
-AL_INLINE void _al_spin_unlock(_Atomic int *l)
-{
-    atomic_store_explicit(l, 0, memory_order_release);
 }
 
 /* The rare paths read /proc files and counters with read(2), a cancellation point, some of

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "shadow.h"
+#include "spin.h"
 
 struct al_shadow _al_shadow = { .granule_shift = AL_SHADOW_GRANULE_SHIFT };
 
@@ -65,46 +66,35 @@ void *_al_shadow_install(_Atomic(void *) *slot, size_t size, int flags, bool *wo
  * another MiB's counts rather than fault. Linked through their first word, under a lock: both
  * ends are rare paths. */
 static struct al_shadow_region *spares;
-static _Atomic bool spares_lock;
+static _Atomic int spares_lock;
 static _Atomic uint64_t nspares;
-
-static void spares_take(void)
-{
-    while (atomic_exchange_explicit(&spares_lock, true, memory_order_acquire))
-        ;
-}
-
-static void spares_give(void)
-{
-    atomic_store_explicit(&spares_lock, false, memory_order_release);
-}
 
 static struct al_shadow_region *spare_pop(void)
 {
-    spares_take();
+    _al_spin_lock(&spares_lock);
     struct al_shadow_region *r = spares;
     if (r) {
         memcpy(&spares, r, sizeof spares);
         memset(r, 0, sizeof(void *)); /* the link: the rest reads zero since given back */
         atomic_fetch_sub_explicit(&nspares, 1, memory_order_relaxed);
     }
-    spares_give();
+    _al_spin_unlock(&spares_lock);
     return r;
 }
 
 /* A thread of the parent was taking or giving a spare when the program forked. */
 void _al_shadow_after_fork_child(void)
 {
-    spares_give();
+    _al_spin_unlock(&spares_lock);
 }
 
 static void spare_push(struct al_shadow_region *r)
 {
-    spares_take();
+    _al_spin_lock(&spares_lock);
     memcpy(r, &spares, sizeof spares);
     spares = r;
     atomic_fetch_add_explicit(&nspares, 1, memory_order_relaxed);
-    spares_give();
+    _al_spin_unlock(&spares_lock);
 }
 
 struct al_shadow_region *_al_shadow_region_create(uint64_t a)
