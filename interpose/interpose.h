@@ -70,6 +70,8 @@ void _al_signal_compat_resolve(void);
 /* clone.c */
 void _al_clone_resolve(void);
 void _al_dlclose_resolve(void);
+/* iterate_phdr.c */
+void _al_iterate_phdr_resolve(void);
 /* syscall()'s clone, clone3 and fork (NR, args A), made through REAL. */
 long _al_clone_syscall(long (*real)(long, ...), long nr, const long a[6]);
 

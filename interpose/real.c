@@ -173,6 +173,7 @@ static int real_resolve(void)
     _al_seccomp_resolve();
     _al_clone_resolve();
     _al_dlclose_resolve();
+    _al_iterate_phdr_resolve();
     if (!_al_real.free || !_al_real.calloc || !_al_real.realloc || !_al_real.posix_memalign)
         return -ENOENT;
     return 0;

@@ -331,6 +331,47 @@ bool _al_sampler_unwind_lock(void)
     return owned_lock(&unwind_lock);
 }
 
+/* The loader's lock, which dl_iterate_phdr holds while its callbacks run, comes after the
+ * unwind lock: a walk that meets code it has no rule for asks libunwind, which calls
+ * dl_iterate_phdr. A program that allocates inside a callback of its own holds the loader's
+ * lock, so its sample must not wait for a walk that waits for that lock: it took both the
+ * program's threads down (host_dlopen iterate). The holder of the unwind lock says when it
+ * enters dl_iterate_phdr (walker_in_loader); a thread inside one (in_loader) waits for the
+ * unwind lock only until then, and otherwise gives its stack up (the sample counts, under no
+ * site). Any other wait for the lock ends, since the loader's lock is held only briefly. */
+static __thread unsigned in_loader __attribute__((tls_model("initial-exec")));
+static _Atomic bool walker_in_loader;
+
+void _al_sampler_loader_enter(void)
+{
+    if (in_loader++ == 0 && atomic_load_explicit(&unwind_lock, memory_order_relaxed) == (uintptr_t)&owner_tag)
+        atomic_store(&walker_in_loader, true);
+}
+
+void _al_sampler_loader_leave(void)
+{
+    if (--in_loader == 0 && atomic_load_explicit(&unwind_lock, memory_order_relaxed) == (uintptr_t)&owner_tag)
+        atomic_store(&walker_in_loader, false);
+}
+
+/* The unwind lock for a thread holding the loader's: false where it is not to be had. */
+static bool unwind_lock_in_loader(bool *took)
+{
+    uintptr_t me = (uintptr_t)&owner_tag, none;
+    *took = false;
+    if (atomic_load_explicit(&unwind_lock, memory_order_relaxed) == me)
+        return true;
+    for (unsigned n = 0;; n++) {
+        none = 0;
+        if (atomic_compare_exchange_weak_explicit(&unwind_lock, &none, me, memory_order_acquire,
+                                                  memory_order_relaxed))
+            return *took = true;
+        if (atomic_load(&walker_in_loader))
+            return false;
+        _al_spin_wait(n);
+    }
+}
+
 void _al_sampler_unwind_unlock(bool took)
 {
     owned_unlock(&unwind_lock, took);
@@ -408,7 +449,13 @@ int _al_sampler_backtrace(void **raw, int max)
     struct al_loader_counts loaded;
     if (!loader_counts(&loaded))
         return 0;
-    bool took = _al_sampler_unwind_lock();
+    bool took;
+    if (AL_UNLIKELY(in_loader)) {
+        if (!unwind_lock_in_loader(&took))
+            return 0;
+    } else {
+        took = _al_sampler_unwind_lock();
+    }
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     int n = _al_unwind_backtrace(raw, max, &loaded);
     _al_fds_ours = false;

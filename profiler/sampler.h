@@ -140,6 +140,10 @@ extern unsigned long _al_unwind_slow_walks;
  * it there), and its unlock then leaves it held: pass what the lock returned. */
 bool _al_sampler_unwind_lock(void);
 void _al_sampler_unwind_unlock(bool took);
+/* dl_iterate_phdr's, around the C library's (interpose/iterate_phdr.c): the loader's lock is
+ * held in between. */
+void _al_sampler_loader_enter(void);
+void _al_sampler_loader_leave(void);
 /* Fork's, before that lock is taken and after it is let go (sampler.c: the loader's counts). */
 void _al_sampler_fork_prepare(void);
 void _al_sampler_fork_done(bool child);

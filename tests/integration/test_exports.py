@@ -38,7 +38,7 @@ expected |= {"malloc_usable_size", "pthread_create", "execve", "execvpe", "execv
              "sigaction", "__sigaction", "signal", "bsd_signal", "ssignal", "sigprocmask",
              "pthread_sigmask", "sysv_signal", "__sysv_signal", "sigset", "sigignore", "siginterrupt",
              "sighold", "sigrelse", "sigblock", "sigsetmask", "sigsuspend", "__sigsuspend", "__sigpause", "sigpause", "__xpg_sigpause", "pselect", "ppoll",
-             "__ppoll_chk", "epoll_pwait", "epoll_pwait2", "setcontext", "swapcontext", "pipe2", "open", "read", "close", "fclose", "dup2", "dup3", "abort", "prctl", "syscall", "clone", "daemon", "dlclose"}
+             "__ppoll_chk", "epoll_pwait", "epoll_pwait2", "setcontext", "swapcontext", "pipe2", "open", "read", "close", "fclose", "dup2", "dup3", "abort", "prctl", "syscall", "clone", "daemon", "dlclose", "dl_iterate_phdr"}
 
 out = subprocess.run(["nm", "-D", "--defined-only", so], check=True, capture_output=True, text=True).stdout
 exported = set()

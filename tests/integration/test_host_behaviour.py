@@ -296,6 +296,9 @@ CASES = [
     case("a SIGCHLD handler sees no child of alloclens", "host_signals", ["sigchld"],
          check=check_sigchld),
     case("dlopen/dlclose plugin", "host_dlopen", ["@plugin"]),
+    case("allocations inside dl_iterate_phdr callbacks while a plugin is loaded and unloaded "
+         "and two threads allocate, every 64 bytes sampled", "host_dlopen",
+         ["@plugin", "iterate"], env={"ALLOCLENS_SAMPLE_RATE": "64"}),
     case("a library whose constructor and destructor start a thread and wait for it (the "
          "constructor's starts one more)", "host_dlopen", ["@loader_threads"], check=check_vallocs),
     case("exit(3) with 4 detached threads allocating", "host_exit_threads", ["exit"]),
