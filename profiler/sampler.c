@@ -143,17 +143,29 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p, struct al_sample_undo *u)
  * allocations come to neither: the thread is busy. */
 static __thread char owner_tag __attribute__((tls_model("initial-exec")));
 
-static bool owned_lock(_Atomic uintptr_t *l)
+/* The lock at L, *TOOK false where it was this thread's already. The wait gives up once UNLESS
+ * (may be NULL) reads true: false then, the lock not held. */
+static bool owned_lock_unless(_Atomic uintptr_t *l, _Atomic bool *unless, bool *took)
 {
     uintptr_t me = (uintptr_t)&owner_tag, none;
+    *took = false;
     if (atomic_load_explicit(l, memory_order_relaxed) == me)
-        return false;
+        return true;
     for (unsigned n = 0;; n++) {
         none = 0;
         if (atomic_compare_exchange_weak_explicit(l, &none, me, memory_order_acquire, memory_order_relaxed))
-            return true;
+            return *took = true;
+        if (unless && atomic_load(unless))
+            return false;
         _al_spin_wait(n);
     }
+}
+
+static bool owned_lock(_Atomic uintptr_t *l)
+{
+    bool took;
+    owned_lock_unless(l, NULL, &took);
+    return took;
 }
 
 static void owned_unlock(_Atomic uintptr_t *l, bool took)
@@ -337,8 +349,9 @@ bool _al_sampler_unwind_lock(void)
  * lock, so its sample must not wait for a walk that waits for that lock: it took both the
  * program's threads down (host_dlopen iterate). The holder of the unwind lock says when it
  * enters dl_iterate_phdr (walker_in_loader); a thread inside one (in_loader) waits for the
- * unwind lock only until then, and otherwise gives its stack up (the sample counts, under no
- * site). Any other wait for the lock ends, since the loader's lock is held only briefly. */
+ * unwind lock only until then (owned_lock_unless), and otherwise gives its stack up (the
+ * sample counts, under no site). Any other wait for the lock ends, since the loader's lock is
+ * held only briefly. */
 static __thread unsigned in_loader __attribute__((tls_model("initial-exec")));
 static _Atomic bool walker_in_loader;
 
@@ -352,24 +365,6 @@ void _al_sampler_loader_leave(void)
 {
     if (--in_loader == 0 && atomic_load_explicit(&unwind_lock, memory_order_relaxed) == (uintptr_t)&owner_tag)
         atomic_store(&walker_in_loader, false);
-}
-
-/* The unwind lock for a thread holding the loader's: false where it is not to be had. */
-static bool unwind_lock_in_loader(bool *took)
-{
-    uintptr_t me = (uintptr_t)&owner_tag, none;
-    *took = false;
-    if (atomic_load_explicit(&unwind_lock, memory_order_relaxed) == me)
-        return true;
-    for (unsigned n = 0;; n++) {
-        none = 0;
-        if (atomic_compare_exchange_weak_explicit(&unwind_lock, &none, me, memory_order_acquire,
-                                                  memory_order_relaxed))
-            return *took = true;
-        if (atomic_load(&walker_in_loader))
-            return false;
-        _al_spin_wait(n);
-    }
 }
 
 void _al_sampler_unwind_unlock(bool took)
@@ -450,12 +445,8 @@ int _al_sampler_backtrace(void **raw, int max)
     if (!loader_counts(&loaded))
         return 0;
     bool took;
-    if (AL_UNLIKELY(in_loader)) {
-        if (!unwind_lock_in_loader(&took))
-            return 0;
-    } else {
-        took = _al_sampler_unwind_lock();
-    }
+    if (!owned_lock_unless(&unwind_lock, in_loader ? &walker_in_loader : NULL, &took))
+        return 0;
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
     int n = _al_unwind_backtrace(raw, max, &loaded);
     _al_fds_ours = false;
