@@ -5,6 +5,7 @@ check and tests/run can print one `N passed, N failed` line for the whole suite.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,13 @@ class Tap:
             print(f"# {line}", flush=True)
 
     def done(self):
+        """Ends the test. The directories tmpdir() made are removed when every check passed,
+        and kept for inspection (their paths printed) when one failed."""
+        for d in _tmpdirs:
+            if self.failed and os.path.isdir(d):
+                self.diag(f"kept for inspection: {d}")
+            elif not self.failed:
+                shutil.rmtree(d, ignore_errors=True)
         print(f"1..{self.n}", flush=True)
         sys.exit(1 if self.failed else 0)
 
@@ -91,5 +99,11 @@ def run(alloc, cmd, tmpdir, name="report", extra=(), **kw):
     return proc, report
 
 
+_tmpdirs = []
+
+
 def tmpdir():
-    return tempfile.mkdtemp(prefix="alloclens-test-")
+    """A fresh directory for one test's files, removed by Tap.done() if every check passed."""
+    d = tempfile.mkdtemp(prefix="alloclens-test-")
+    _tmpdirs.append(d)
+    return d

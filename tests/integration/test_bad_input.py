@@ -30,14 +30,7 @@ import altest
 SO = LEAF = FORK = NOT_ALLOC = EXEC = OWN_MALLOC = STATIC = None
 TIMEOUT = 15
 HANGS = 0
-DIRS = []
 CACHE = None
-
-
-def tmpdir():
-    d = altest.tmpdir()
-    DIRS.append(d)
-    return d
 
 
 def clean_env(**extra):
@@ -118,7 +111,7 @@ def same_as_plain(tap, desc, plain, prof):
 def bad_variable(tap, var, value, *must, status="2"):
     """VAR=VALUE in direct use: host_leaf (exiting STATUS) runs as plain, one line names VAR and
     MUST. Returns the description and the JSON report (or None)."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     desc = f"{var}={value}" if value.isprintable() else f"{var}={value!r}"  # one TAP line
     out = os.path.join(tmp, "r.json")
     plain, prof = direct(tmp, [LEAF, status, "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
@@ -132,7 +125,7 @@ def test_bad_variables(tap):
     """(a) malformed numeric variables: the program runs as it would, one line, and the
     reports are still written with the threshold a run without the variable has (the
     default, or the cached config's)."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     out = os.path.join(tmp, "r.json")
     run([LEAF, "3", "200"], env=clean_env(LD_PRELOAD=SO, ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off"), cwd=tmp)
     alloc = (load(out) or {}).get("allocator", {})
@@ -140,7 +133,7 @@ def test_bad_variables(tap):
     tap.ok(want[1] in ("default", "config") and (want[1] == "config" or want[0] == 131072),
            "no ALLOCLENS_LARGE_THRESHOLD: the default 131072 or the cached config's threshold", alloc)
     for value in ["abc", "-5", "99999999999999999999", "0", "12Q", "1T", "0x10"]:
-        tmp = tmpdir()
+        tmp = altest.tmpdir()
         out, txt = os.path.join(tmp, "r.json"), os.path.join(tmp, "r.txt")
         desc = f"ALLOCLENS_LARGE_THRESHOLD='{value}'"
         plain, prof = direct(tmp, [LEAF, "3", "200"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT=txt,
@@ -156,7 +149,7 @@ def test_bad_variables(tap):
                f"{desc}: text report written", f"{txt} missing or empty")
 
     for value, want in [("64k", 65536), ("1M", 1 << 20), ("2G", 2 << 30), ("4096", 4096)]:
-        tmp = tmpdir()
+        tmp = altest.tmpdir()
         out = os.path.join(tmp, "r.json")
         desc = f"ALLOCLENS_LARGE_THRESHOLD='{value}' (valid)"
         plain, prof = direct(tmp, [LEAF, "0", "50"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
@@ -169,7 +162,7 @@ def test_bad_variables(tap):
                f"report: {None if r is None else r.get('allocator')}")
 
     # Set but empty: the default, as if unset, and nothing to say.
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     out = os.path.join(tmp, "r.json")
     desc = "ALLOCLENS_LARGE_THRESHOLD='' (empty: the default)"
     plain, prof = direct(tmp, [LEAF, "3", "200"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT="off",
@@ -180,7 +173,7 @@ def test_bad_variables(tap):
            and (got.get("large_threshold"), got.get("large_threshold_source")) == baseline,
            f"{desc}: nothing on stderr, the threshold of a run without it",
            f"report: {got.get('large_threshold')} ({got.get('large_threshold_source')})\n{show(prof)}")
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     desc = "ALLOCLENS_TEXT='' (empty: the default, stderr)"
     plain, prof = direct(tmp, [LEAF, "0", "100"], ALLOCLENS_TEXT="")
     same_as_plain(tap, desc, plain, prof)
@@ -188,7 +181,7 @@ def test_bad_variables(tap):
            f"{desc}: the text report on stderr", show(prof))
 
     # The JSON and the text asked into one file: one line, the JSON kept, the text on stderr.
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     out = os.path.join(tmp, "same.json")
     desc = "ALLOCLENS_OUTPUT and ALLOCLENS_TEXT the same file"
     plain, prof = direct(tmp, [LEAF, "0", "100"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT=out)
@@ -201,7 +194,7 @@ def test_bad_variables(tap):
     # Every process of a run reads the same settings: only its main process tells what is
     # wrong with them, not each program a shell starts.
     for var, value in (("ALLOCLENS_SAMPLE_RATE", "junk"), ("ALLOCLENS_EVENTS", "no-such-event")):
-        tmp = tmpdir()
+        tmp = altest.tmpdir()
         desc = f"{var}={value}, a shell running three programs"
         argv = ["sh", "-c", f"{LEAF} 0 50; {LEAF} 0 50; {LEAF} 3 50"]
         plain, prof = direct(tmp, argv, ALLOCLENS_OUTPUT=os.path.join(tmp, "r.json"),
@@ -210,7 +203,7 @@ def test_bad_variables(tap):
         one_line(tap, desc, prof, var, value)
 
     # A forking program: the children inherit the settings, not a second warning.
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     desc = "ALLOCLENS_LARGE_THRESHOLD=abc, program forks"
     plain, prof = direct(tmp, [FORK, "nested"], ALLOCLENS_OUTPUT=os.path.join(tmp, "r.json"),
                          ALLOCLENS_TEXT="off", ALLOCLENS_LARGE_THRESHOLD="abc")
@@ -231,7 +224,7 @@ def test_bad_variables(tap):
            f"report mode: {None if r is None else r.get('mode')}")
 
     # Inherited by `alloclens run` from the user's environment.
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     desc = "alloclens run with ALLOCLENS_LARGE_THRESHOLD=abc in the environment"
     prof = run([altest.cli(), "run", "--text", "off", "-o", os.path.join(tmp, "r.json"), "--",
                 LEAF, "5", "100"], env=clean_env(ALLOCLENS_LARGE_THRESHOLD="abc"))
@@ -241,14 +234,14 @@ def test_bad_variables(tap):
     tap.ok(load(os.path.join(tmp, "r.json")) is not None, f"{desc}: report written")
 
     # Good settings, nothing to say: stderr stays the program's own.
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     desc = "ALLOCLENS_TEXT=off, no output"
     plain, prof = direct(tmp, [LEAF, "0", "100"], ALLOCLENS_TEXT="off")
     same_as_plain(tap, desc, plain, prof)
     tap.ok(prof is not None and prof.stderr == "", f"{desc}: nothing on stderr", show(prof))
 
     # An empty path is the default's "not written", not the current directory.
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     desc = "alloclens run --pprof '' -o ''"
     prof = run([altest.cli(), "run", "--text", "off", "--pprof", "", "-o", "", "--", LEAF, "0", "100"],
                cwd=tmp)
@@ -260,7 +253,7 @@ def test_bad_variables(tap):
 
 def test_unwritable_paths(tap):
     """(b) report paths that cannot be written."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     marker = os.path.join(tmp, "ran")
     touch = ["sh", "-c", f"touch {marker}"]
     for label, opt in [("-o", "-o"), ("--text", "--text"), ("--pprof", "--pprof")]:
@@ -279,7 +272,7 @@ def test_unwritable_paths(tap):
 
     for path, what in [("/nonexistent/dir/r.json", "in a missing directory"),
                        (tmp, "a directory")]:
-        sub = tmpdir()
+        sub = altest.tmpdir()
         txt = os.path.join(sub, "r.txt")
         desc = f"direct ALLOCLENS_OUTPUT {what}"
         plain, prof = direct(sub, [LEAF, "3", "300"], ALLOCLENS_OUTPUT=path, ALLOCLENS_TEXT=txt)
@@ -288,7 +281,7 @@ def test_unwritable_paths(tap):
         tap.ok(os.path.isfile(txt) and os.path.getsize(txt) > 0,
                f"{desc}: the text report is still written", f"{txt} missing or empty")
 
-        sub = tmpdir()
+        sub = altest.tmpdir()
         out = os.path.join(sub, "r.json")
         desc = f"direct ALLOCLENS_TEXT {what}"
         plain, prof = direct(sub, [LEAF, "3", "300"], ALLOCLENS_OUTPUT=out, ALLOCLENS_TEXT=path)
@@ -298,7 +291,7 @@ def test_unwritable_paths(tap):
 
     # A program that puts a file of its own on fd 2 gets nothing of ours in it: not the line
     # saying the report cannot be written, nor the text report meant for stderr.
-    sub = tmpdir()
+    sub = altest.tmpdir()
     own = os.path.join(sub, "own.txt")
     desc = "direct ALLOCLENS_OUTPUT unwritable, program's own file on fd 2"
     plain, prof = direct(sub, ["sh", "-c", 'exec 2>"$0"; printf data >&2; exit 3', own],
@@ -310,7 +303,7 @@ def test_unwritable_paths(tap):
 
     # Report paths are the command's, not the program's: one that changes directory before it
     # exits still writes them where `alloclens run` was started.
-    top = tmpdir()
+    top = altest.tmpdir()
     os.mkdir(os.path.join(top, "elsewhere"))
     p = run([altest.cli(), "run", "-o", "r.json", "--text", "r.txt", "--pprof", "r.pb.gz", "--",
              "sh", "-c", f"cd elsewhere && exec {LEAF} 2 100"], cwd=top)
@@ -320,7 +313,7 @@ def test_unwritable_paths(tap):
            "relative -o, --text and --pprof are written where alloclens run was started, "
            "though the program changed directory", f"{where}\n{show(p)}")
     # The same with the library alone: the paths are the directory's the program started in.
-    top = tmpdir()
+    top = altest.tmpdir()
     os.mkdir(os.path.join(top, "elsewhere"))
     p = run(["sh", "-c", "cd elsewhere && :"], cwd=top,
             env=clean_env(LD_PRELOAD=SO, ALLOCLENS_OUTPUT="r.json", ALLOCLENS_TEXT="r.txt",
@@ -333,7 +326,7 @@ def test_unwritable_paths(tap):
 
     # A forking program with an unwritable output: each process says so for its own report
     # (one line per process), and the program is unchanged.
-    sub = tmpdir()
+    sub = altest.tmpdir()
     desc = "direct ALLOCLENS_OUTPUT unwritable, program forks"
     plain, prof = direct(sub, [FORK, "basic"], ALLOCLENS_OUTPUT="/nonexistent/dir/r.json",
                          ALLOCLENS_TEXT="off")
@@ -347,7 +340,7 @@ def test_unwritable_paths(tap):
     def beside_null():
         return {f for f in os.listdir("/dev") if f.startswith("null.")}
     before = beside_null()
-    sub = tmpdir()
+    sub = altest.tmpdir()
     desc = "direct ALLOCLENS_OUTPUT=/dev/null, program forks"
     plain, prof = direct(sub, [FORK, "basic"], ALLOCLENS_OUTPUT="/dev/null", ALLOCLENS_TEXT="off")
     same_as_plain(tap, desc, plain, prof)
@@ -385,7 +378,7 @@ def test_unwritable_paths(tap):
 def test_same_report_file(tap):
     """(b) two of the reports (-o, --text, --pprof) asked into one file, by any of its names: the
     CLI refuses before running anything, the library writes the first and says one line."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     os.mkdir(os.path.join(tmp, "sub"))
     os.symlink("sub", os.path.join(tmp, "link"))
     with open(os.path.join(tmp, "made.json"), "w"):
@@ -424,7 +417,7 @@ def test_same_report_file(tap):
              {"ALLOCLENS_TEXT": "t.txt", "ALLOCLENS_PPROF": "./t.txt"}, "text"),
             ("ALLOCLENS_OUTPUT=r.json and ALLOCLENS_TEXT=sub/../r.json",
              {"ALLOCLENS_OUTPUT": "r.json", "ALLOCLENS_TEXT": "sub/../r.json"}, "json")]:
-        sub = tmpdir()
+        sub = altest.tmpdir()
         os.mkdir(os.path.join(sub, "sub"))
         names = [k for k in env if env[k] != "off"]
         plain, prof = direct(sub, [LEAF, "0", "100"], **env)
@@ -444,7 +437,7 @@ def test_same_report_file(tap):
 def test_stderr_pipe_closed(tap):
     """The text report on a stderr whose reader is gone: the write fails quietly; the program's
     exit status and output are its own, and the JSON report is still written."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     out = os.path.join(tmp, "r.json")
     r, w = os.pipe()
     os.close(r)
@@ -468,7 +461,7 @@ def test_stderr_replaced(tap):
     for label, script, status in [
             ("exec 2>>log", 'exec 2>>log; echo own >&2; true', 0),
             ("exec 2>>log, then exec", f'exec 2>>log; echo own >&2; exec {LEAF} 3 100', 3)]:
-        tmp = tmpdir()
+        tmp = altest.tmpdir()
         desc = f"program's own stderr ({label})"
         p = run([altest.cli(), "run", "-o", "r.json", "--", "bash", "-c", script], cwd=tmp)
         with open(os.path.join(tmp, "log")) as f:
@@ -491,7 +484,7 @@ def test_file_size_limit(tap):
     """A report bigger than the program's file size limit (ulimit -f 8): the program's exit status
     and output are its own (the write's SIGXFSZ would have ended it), one line says the report
     could not be written, and no cut-off report is left behind."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     out = os.path.join(tmp, "r.json")
 
     def limited():
@@ -510,7 +503,7 @@ def test_file_size_limit(tap):
 
 def test_allocators(tap):
     """(c), (d): unknown allocators."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     marker = os.path.join(tmp, "ran")
     touch = ["sh", "-c", f"touch {marker}"]
     names = list(altest.allocators())
@@ -534,7 +527,7 @@ def test_allocators(tap):
 
 def test_cli_usage(tap):
     """(e)-(g): bad options, missing commands, usage and help."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     marker = os.path.join(tmp, "ran")
     touch = ["sh", "-c", f"touch {marker}"]
     cli = altest.cli()
@@ -620,7 +613,7 @@ def test_option_values(tap):
     of the command: one line saying so, status 2, nothing run and no file made under that
     word's name (run -o -- wrote its report to a file named '--')."""
     cli = altest.cli()
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     marker = os.path.join(tmp, "ran")
     touch = ["sh", "-c", f"touch {marker}"]
     for argv, line in (
@@ -643,7 +636,7 @@ def test_escaped_values(tap):
     the line about it stays one line; a message about a variable names it (ALLOCLENS_EVENTS
     too, from run and from the library)."""
     cli = altest.cli()
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     marker = os.path.join(tmp, "ran")
     touch = ["sh", "-c", f"touch {marker}"]
     for argv, line in (
@@ -673,7 +666,7 @@ def test_repeats_and_help(tap):
     stdout; the help texts say which exit status an output file that cannot be made gives (2,
     checked before any work) and which a failed write (1)."""
     cli = altest.cli()
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     marker = os.path.join(tmp, "ran")
     touch = ["--", "sh", "-c", f"touch {marker}"]
     a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
@@ -716,7 +709,7 @@ def unchanged(tap, desc, argv, out, status, text_off=True):
 def unreachable_program(tap, what, prog, status, said):
     """PROG, which LD_PRELOAD cannot reach, under `alloclens run`: its output and exit status
     (STATUS) its own, one line saying SAID and that there is no report, and none written."""
-    out = os.path.join(tmpdir(), "r.json")
+    out = os.path.join(altest.tmpdir(), "r.json")
     p = unchanged(tap, f"run -- {what}: its output and exit status unchanged",
                   [prog, str(status), "100"], out, status, text_off=False)
     one_line(tap, f"run -- {what}", p, said, "no report", status=status)
@@ -754,7 +747,7 @@ def test_go_program(tap):
     if not go:
         tap.skip("run -- a Go program", "no go on PATH")
         return
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     with open(os.path.join(tmp, "main.go"), "w") as f:
         f.write(GO_PROGRAM)
     with open(os.path.join(tmp, "go.mod"), "w") as f:
@@ -782,7 +775,7 @@ def test_own_malloc(tap):
     """A program that defines the malloc family itself: its output and exit status its own, one
     line saying nothing can stand in front of its allocator, and a report that says the same
     (the allocator named for the program, the config for the allocator asked for not used)."""
-    out = os.path.join(tmpdir(), "r.json")
+    out = os.path.join(altest.tmpdir(), "r.json")
     p = unchanged(tap, "run -- a program with its own malloc: its output and exit status unchanged",
                   [OWN_MALLOC], out, 3)
     one_line(tap, "run -- a program with its own malloc", p, "defines malloc itself", OWN_MALLOC, status=3)
@@ -799,7 +792,7 @@ def test_static_program(tap):
         return
     unreachable_program(tap, "a statically linked program", STATIC, 5, "statically linked")
     # Exec'd by the profiled program: its report will be missing, and one line says so.
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     out = os.path.join(tmp, "r.json")
     p = unchanged(tap, "a statically linked program exec'd: output and exit status unchanged",
                   [EXEC, "leaf", STATIC], out, 0)
@@ -818,7 +811,7 @@ def test_static_program(tap):
 def test_setuid_program(tap):
     """host_leaf, set-user-ID and owned by nobody: the loader runs it securely, without our
     preload. Root can make such a file; a file system mounted nosuid ignores the bit."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     prog = os.path.join(tmp, "leaf_suid")
     shutil.copy(LEAF, prog)
     try:
@@ -832,7 +825,7 @@ def test_setuid_program(tap):
         return
     unreachable_program(tap, "a set-user-ID program", prog, 6, "set-user-ID")
     # It is not probed for either: with no config cached, still that one line, nothing cached.
-    cache = tmpdir()
+    cache = altest.tmpdir()
     p = run([altest.cli(), "run", "-a", "glibc", "--", prog, "6", "100"], env=clean_env(XDG_CACHE_HOME=cache))
     tap.ok(p is not None and p.returncode == 6 and len(lines(p.stderr)) == 1 and "probing" not in p.stderr
            and not os.listdir(cache), "run -- a set-user-ID program, nothing cached: no probe, one line",
@@ -845,7 +838,7 @@ def test_uncachable_config(tap):
     private directory of the user's in $TMPDIR, says so once, and the next run takes it from
     there without a probe. A directory of that name that others may write is not used."""
     cli = altest.cli()
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     env = clean_env(XDG_CACHE_HOME="/dev/null", TMPDIR=tmp)
     out = os.path.join(tmp, "r.json")
     argv = [cli, "run", "-a", "glibc", "-o", out, "--text", "off", "--", LEAF, "0", "50"]
@@ -864,7 +857,7 @@ def test_uncachable_config(tap):
                and conf.get("path") == path, f"a cache that cannot be written, run {n}: "
                + ("probed, the config used, one line saying where it is kept" if n == 1 else "the kept config used, no probe, nothing said"),
                f"report's config: {conf}\nwant {want}\n{show(p)}")
-    shared = tmpdir()
+    shared = altest.tmpdir()
     os.chmod(shared, 0o1777)
     os.mkdir(os.path.join(shared, f"alloclens-{os.getuid()}"), 0o777)
     os.chmod(os.path.join(shared, f"alloclens-{os.getuid()}"), 0o777)
@@ -884,7 +877,7 @@ def test_paths(tap):
     file (a FIFO is refused and kept, a link's file is replaced and the link kept) and makes no
     directory; events libpfm4 does not know are refused before anything runs."""
     cli = altest.cli()
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     link, target = os.path.join(tmp, "dangling.json"), os.path.join(tmp, "target.json")
     os.symlink(target, link)
     p = run([cli, "run", "--text", "off", "-o", link, "--", LEAF, "0", "50"])
@@ -892,7 +885,7 @@ def test_paths(tap):
            "run -o a symbolic link to nothing: the report in the link's target, the link kept",
            f"link kept: {os.path.islink(link)}; target: {os.path.exists(target)}\n{show(p)}")
 
-    gone = os.path.join(tmpdir(), "gone")
+    gone = os.path.join(altest.tmpdir(), "gone")
     os.mkdir(gone)
     marker = os.path.join(tmp, "ran")
     proc = subprocess.Popen(["sh", "-c", f"cd {gone} && rmdir {gone} && exec {cli} run -o r.json -- touch {marker}"],
@@ -914,7 +907,7 @@ def test_paths(tap):
                "run --config RELATIVE, the program in another directory: the config is used",
                f"report allocator: {r.get('allocator')}\n{show(p)}")
 
-    spaced = os.path.join(tmpdir(), "with space")
+    spaced = os.path.join(altest.tmpdir(), "with space")
     os.makedirs(os.path.join(spaced, "cli"))
     os.makedirs(os.path.join(spaced, "interpose"))
     shutil.copy2(cli, os.path.join(spaced, "cli"))
@@ -958,7 +951,7 @@ def test_paths(tap):
 def test_configs(tap):
     """A malformed, missing or mismatched allocator config: one line naming the file (and the
     line, for a malformed one); the program runs as it would."""
-    tmp = tmpdir()
+    tmp = altest.tmpdir()
     cli = altest.cli()
     good = os.path.join(tmp, "good.conf")
     p = run([cli, "prerun", "-a", "glibc", "-o", good])
@@ -986,7 +979,7 @@ def test_configs(tap):
         p = run([cli, "run", "--config", path, "--text", "off", "--", LEAF, "3", "200"])
         same_as_plain(tap, desc, plain, p)
         one_line(tap, desc, p, *must)
-        sub = tmpdir()
+        sub = altest.tmpdir()
         out = os.path.join(sub, "r.json")
         desc = f"direct ALLOCLENS_CONFIG ({what})"
         plain2, p = direct(sub, [LEAF, "3", "200"], ALLOCLENS_CONFIG=path, ALLOCLENS_TEXT="off",
@@ -995,7 +988,7 @@ def test_configs(tap):
         one_line(tap, desc, p, *must)
         tap.ok(load(out) is not None, f"{desc}: the JSON report is still written")
 
-    sub = tmpdir()
+    sub = altest.tmpdir()
     desc = "direct ALLOCLENS_CONFIG (a good one)"
     plain2, p = direct(sub, [LEAF, "0", "100"], ALLOCLENS_CONFIG=good, ALLOCLENS_TEXT="off")
     same_as_plain(tap, desc, plain2, p)
@@ -1010,7 +1003,7 @@ def test_configs(tap):
     if not tap.ok(p is not None and p.returncode == 0, f"prerun -a {others[0]} -o FILE", show(p)):
         return
     desc = f"direct ALLOCLENS_CONFIG of {others[0]} in front of glibc"
-    plain2, p = direct(tmpdir(), [LEAF, "3", "200"], ALLOCLENS_CONFIG=other, ALLOCLENS_TEXT="off")
+    plain2, p = direct(altest.tmpdir(), [LEAF, "3", "200"], ALLOCLENS_CONFIG=other, ALLOCLENS_TEXT="off")
     same_as_plain(tap, desc, plain2, p)
     one_line(tap, desc, p, other)
 
@@ -1024,7 +1017,7 @@ def test_no_proc(tap):
         tap.skip("no /proc", "cannot unmount /proc in a mount namespace of its own here")
         return
     for mode in ("full", "time", "sample"):
-        tmp = tmpdir()
+        tmp = altest.tmpdir()
         out, text = os.path.join(tmp, "r.json"), os.path.join(tmp, "r.txt")
         desc = f"no /proc, --mode {mode}"
         # Only the program itself preloaded, exec'd by env once /proc is gone.
@@ -1050,7 +1043,7 @@ def main():
     SO = altest.so()
     LEAF, FORK, NOT_ALLOC, EXEC, OWN_MALLOC = sys.argv[1:6]
     STATIC = sys.argv[6] if len(sys.argv) > 6 else None
-    CACHE = tmpdir()
+    CACHE = altest.tmpdir()
     tap = altest.Tap()
     # The first run under glibc probes it and says so on stderr; do it once here, so that the
     # one-line checks below see only what the bad input causes.
@@ -1075,9 +1068,6 @@ def main():
     test_configs(tap)
     test_paths(tap)
     test_no_proc(tap)
-    if not tap.failed:
-        for d in DIRS:
-            shutil.rmtree(d, ignore_errors=True)
     tap.done()
 
 

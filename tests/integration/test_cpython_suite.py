@@ -14,7 +14,6 @@ both ways, twice: timing-sensitive cases on a loaded machine are then told apart
 difference, which repeats.
 """
 import os
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -153,10 +152,6 @@ def main():
                f"profiled: {pstatus}")
         tap.ok(os.path.exists(os.path.join(wd, f"{mode}.json")),
                f"{alloc} {mode}: the interpreter's report was written")
-    if tap.failed:
-        tap.diag(f"runs, results and reports kept in {wd}")
-    else:
-        shutil.rmtree(wd, ignore_errors=True)
     tap.done()
 
 

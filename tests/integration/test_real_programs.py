@@ -825,10 +825,6 @@ def main():
         tap.diag(f"redis-server: {time.monotonic() - t0:.1f} s")
 
     tap.diag(f"total {time.monotonic() - start:.1f} s")
-    if tap.failed:
-        tap.diag(f"kept {top} for inspection")
-    else:
-        shutil.rmtree(top, ignore_errors=True)
     tap.done()
 
 

@@ -606,8 +606,8 @@ START_TEST(load_files)
     ck_assert(!_al_config_identity_equal(&id1, &id2));
     ck_assert_int_eq(_al_config_identity(path, &id2), -ENOENT);
 
-    const char *names[] = { "good.conf", "bad.conf", "empty.conf", "locked.conf" };
-    for (size_t i = 0; i < 4; i++) {
+    const char *names[] = { "good.conf", "runs.conf", "bad.conf", "empty.conf", "locked.conf" };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", tmpdir, names[i]);
         unlink(path);
     }
