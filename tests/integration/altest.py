@@ -60,6 +60,16 @@ def so():
     return os.environ["ALLOCLENS_SO"]
 
 
+def plain_env(**extra):
+    """This process's environment without alloclens in it (no ALLOCLENS_* but the CLI's path,
+    no LD_PRELOAD), EXTRA added: what a program run plain, or handed to `alloclens run`, gets."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ALLOCLENS_") and k != "LD_PRELOAD"}
+    env["ALLOCLENS_CLI"] = cli()
+    env.update(extra)
+    return env
+
+
 def allocators():
     """{name: path} of the allocators `alloclens allocators` finds on this machine."""
     out = subprocess.run([cli(), "allocators"], check=True, capture_output=True, text=True).stdout

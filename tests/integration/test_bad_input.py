@@ -34,12 +34,8 @@ CACHE = None
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ALLOCLENS_") and k != "LD_PRELOAD"}
-    env["ALLOCLENS_CLI"] = altest.cli()
-    env["XDG_CACHE_HOME"] = CACHE  # the probe cache of this test alone
-    env.update(extra)
-    return env
+    # the probe cache of this test alone
+    return altest.plain_env(**{"XDG_CACHE_HOME": CACHE, **extra})
 
 
 def run(argv, env=None, cwd=None):

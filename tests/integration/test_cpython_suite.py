@@ -66,15 +66,10 @@ def regrtest(alloc, path, mode, wd, name, modules, match=None):
     argv = [python(), "-m", "test", "--timeout", str(TIMEOUT // 2), "--junit-xml", xml, *modules]
     if match:
         argv[3:3] = [a for case in match for a in ("-m", case)]
-    env = dict(os.environ)
-    for var in list(env):
-        if var.startswith("ALLOCLENS_") and var != "ALLOCLENS_CLI":
-            del env[var]
-    env.update({"TMPDIR": wd, "LC_ALL": "C.UTF-8"})
+    env = altest.plain_env(TMPDIR=wd, LC_ALL="C.UTF-8")
     if mode is None:
         env["LD_PRELOAD"] = path
     else:
-        env.pop("LD_PRELOAD", None)
         argv = [altest.cli(), "run", "-a", alloc, "--mode", mode,
                 "-o", os.path.join(wd, f"{name}.json"), "--text", os.path.join(wd, f"{name}.txt"),
                 "--", *argv]

@@ -170,8 +170,7 @@ def check_program(tap, label, alloc, prog, own_ops, extra=(), prog_extra=()):
 def shim_totals(shim, cmd, tmp):
     """(allocs, reallocs, frees) as count_shim.so counts them in CMD run without alloclens."""
     out = os.path.join(tmp, "shim.txt")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCLENS_") and k != "LD_PRELOAD"}
-    env.update(LD_PRELOAD=shim, COUNT_SHIM_OUT=out)
+    env = altest.plain_env(LD_PRELOAD=shim, COUNT_SHIM_OUT=out)
     subprocess.run(cmd, env=env, capture_output=True, timeout=120, check=True)
     with open(out) as f:
         kv = dict(x.split("=") for x in f.read().split())

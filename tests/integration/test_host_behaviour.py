@@ -360,9 +360,7 @@ CASES = [
 
 
 def clean_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ALLOCLENS_") and k != "LD_PRELOAD"}
-    env["ALLOCLENS_CLI"] = altest.cli()
+    env = altest.plain_env()
     # Both runs see the same environment; tcmalloc's large-allocation warnings print stack
     # addresses that differ from run to run (ASLR), so they are turned off for both.
     env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"] = str(1 << 62)

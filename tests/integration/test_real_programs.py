@@ -58,13 +58,7 @@ class Workload:
 
 
 def base_env(home, tmp):
-    env = dict(os.environ)
-    for var in list(env):
-        if var.startswith("ALLOCLENS_") and var != "ALLOCLENS_CLI":
-            del env[var]
-    env.pop("LD_PRELOAD", None)
-    env.update({"HOME": home, "TMPDIR": tmp, "LC_ALL": "C", "LANG": "C", "TZ": "UTC"})
-    return env
+    return altest.plain_env(HOME=home, TMPDIR=tmp, LC_ALL="C", LANG="C", TZ="UTC")
 
 
 # ---------------------------------------------------------------------------------------------
