@@ -3,8 +3,8 @@
  * for fd 2, where the text report is to go (a shell's `exec 2>log` is a dup2 onto it).
  * Every other call goes straight through.
  *
- * libunwind makes a pipe on its first look at memory (it checks an address is readable by
- * writing from it), and may open a file; the C library would number them among the program's
+ * libunwind makes a pipe when it first checks that an address is readable (by writing from
+ * it), and may open a file; the C library would number them among the program's
  * lowest: what it makes while we unwind is moved up out of the program's way (profiler/fds.c)
  * and noted here. It keeps its pipe's numbers in a variable of its own, and the pipe may not be
  * one we moved: another user of the same libunwind made it first (tcmalloc unwinds at its start,
@@ -12,7 +12,8 @@
  * and opened its own under those numbers. libunwind would then read a byte from the program's
  * descriptor, write one to another, and close both. So while we unwind, a descriptor it did
  * not make reads as closed and is not closed: libunwind then makes a new pipe, which is
- * moved up. */
+ * moved up. The walk's pipe is closed as the walk ends (profiler/fds.c), and libunwind's reads
+ * and closes of the numbers it still holds then, by whoever calls it, go the same way. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -94,10 +95,15 @@ static int made_here(int fd)
 
 AL_EXPORT int pipe2(int fds[2], int flags)
 {
+    const void *caller = __builtin_return_address(0);
     int r = real_pipe2 ? real_pipe2(fds, flags) : (int)syscall(SYS_pipe2, fds, flags);
-    if (unwinders(__builtin_return_address(0)) && r == 0) {
-        fds[0] = made_here(fds[0]);
-        fds[1] = made_here(fds[1]);
+    if (r == 0 && AL_UNLIKELY(_al_code_holds(&_al_unwinder_code, caller))) {
+        bool ours = unwinders(caller);
+        if (ours) {
+            fds[0] = made_here(fds[0]);
+            fds[1] = made_here(fds[1]);
+        }
+        _al_fds_unwinder_pipe(fds, ours);
     }
     return r;
 }
@@ -122,7 +128,8 @@ AL_EXPORT int open_entry(const char *path, int flags, ...)
 
 AL_EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
-    if (unwinders(__builtin_return_address(0)) && !was_made(fd)) {
+    const void *caller = __builtin_return_address(0);
+    if ((_al_fds_retired(fd) && _al_code_holds(&_al_unwinder_code, caller)) || (unwinders(caller) && !was_made(fd))) {
         errno = EBADF;
         return -1;
     }
@@ -131,8 +138,16 @@ AL_EXPORT ssize_t read(int fd, void *buf, size_t n)
 
 AL_EXPORT int close(int fd)
 {
-    if (unwinders(__builtin_return_address(0)) && !was_made(fd))
-        return 0; /* the program's, under a number libunwind thinks its own: kept */
+    const void *caller = __builtin_return_address(0);
+    if (_al_fds_retired(fd) && _al_code_holds(&_al_unwinder_code, caller))
+        return 0; /* a number of the pipe we closed: perhaps the program's now */
+    if (unwinders(caller) && !was_made(fd)) {
+        /* The pipe of another user of libunwind's, made before our walks (never -1, which
+         * its first pipe's making closes), or the program's under those numbers: kept. */
+        if (fd >= 0)
+            _al_fds_unwinder_shared();
+        return 0;
+    }
     if (AL_UNLIKELY(fd == STDERR_FILENO))
         _al_report_stderr_closing(); /* the text report may still be due there */
     /* Closed by libunwind, or by the program: no longer libunwind's either way. */

@@ -76,3 +76,49 @@ int _al_fd_top(int fd)
 {
     return _al_fd_move_up(fd, top);
 }
+
+/* libunwind's pipe. libunwind checks that an address can be read by writing a byte from it into
+ * a pipe of its own (after mincore, which says only that it is mapped), makes the pipe at its
+ * start, keeps its numbers, and makes a new pipe whenever a read from the old one fails. Kept
+ * open, it was two descriptors of ours in the program for good, which a program listing its own
+ * finds (/proc/self/fd: CPython's test_subprocess checks that a child has nothing open but what
+ * it was given). So a pipe made during a walk of ours is closed as the walk ends (a walk needs
+ * one only at a page libunwind has not checked before: a few walks in a program's life), and
+ * its numbers are retired: libunwind's next read from them, in our walk or another user's of
+ * the same library, reads as closed, and it makes a new pipe; its closes of them close nothing
+ * (the number may be the program's by then). Where libunwind had a pipe before our first walk
+ * (tcmalloc uses it at its start), the one we made stands in for it and stays open: that user
+ * may look at memory after us, and a pipe of its own made then would take the program's next
+ * numbers. walk_pipe is written under the sampler's unwind lock only. */
+static int walk_pipe[2] = { -1, -1 };
+_Atomic int _al_fds_retired_pipe[2] = { -1, -1 };
+static _Atomic bool pipe_shared;
+
+void _al_fds_unwinder_pipe(const int fds[2], bool in_walk)
+{
+    atomic_store_explicit(&_al_fds_retired_pipe[0], -1, memory_order_relaxed);
+    atomic_store_explicit(&_al_fds_retired_pipe[1], -1, memory_order_relaxed);
+    if (in_walk) {
+        walk_pipe[0] = fds[0];
+        walk_pipe[1] = fds[1];
+    }
+}
+
+void _al_fds_unwinder_shared(void)
+{
+    atomic_store_explicit(&pipe_shared, true, memory_order_relaxed);
+}
+
+void _al_fds_walk_end(void)
+{
+    if (walk_pipe[0] < 0)
+        return;
+    if (!atomic_load_explicit(&pipe_shared, memory_order_relaxed)) {
+        /* Through the interposed close, which forgets them as libunwind's. */
+        close(walk_pipe[0]);
+        close(walk_pipe[1]);
+        atomic_store_explicit(&_al_fds_retired_pipe[0], walk_pipe[0], memory_order_relaxed);
+        atomic_store_explicit(&_al_fds_retired_pipe[1], walk_pipe[1], memory_order_relaxed);
+    }
+    walk_pipe[0] = walk_pipe[1] = -1;
+}

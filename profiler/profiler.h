@@ -419,6 +419,20 @@ int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
 extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
+/* libunwind's pipe (see fds.c): the pipe wrapper tells of one libunwind made (IN_WALK: during a
+ * walk of ours, moved up) and of a descriptor of another user's it closed during one (shared);
+ * the sampler, of the end of its walk, which closes the walk's pipe and retires its numbers. */
+void _al_fds_unwinder_pipe(const int fds[2], bool in_walk);
+void _al_fds_unwinder_shared(void);
+void _al_fds_walk_end(void);
+extern _Atomic int _al_fds_retired_pipe[2] AL_HIDDEN;
+
+/* Whether FD is a number of a pipe of libunwind's we closed, which it still holds. */
+AL_INLINE bool _al_fds_retired(int fd)
+{
+    return AL_UNLIKELY(fd >= 0 && (fd == atomic_load_explicit(&_al_fds_retired_pipe[0], memory_order_relaxed) ||
+                                   fd == atomic_load_explicit(&_al_fds_retired_pipe[1], memory_order_relaxed)));
+}
 
 /* ---- thread.c: per-thread state, registry, live-thread accounting --------------------------- */
 

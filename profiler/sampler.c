@@ -447,9 +447,10 @@ int _al_sampler_backtrace(void **raw, int max)
     bool took;
     if (!owned_lock_unless(&unwind_lock, in_loader ? &walker_in_loader : NULL, &took))
         return 0;
-    _al_fds_ours = true; /* libunwind checks memory through a pipe it makes on first use */
+    _al_fds_ours = true; /* libunwind checks memory through a pipe it makes when it needs one */
     int n = _al_unwind_backtrace(raw, max, &loaded);
     _al_fds_ours = false;
+    _al_fds_walk_end();
     _al_sampler_unwind_unlock(took);
     return n;
 }

@@ -107,6 +107,15 @@ def check_closed(tap, desc, main, sides, stdout, stderr):
            f"{sites.get('sites')} sites; {sites.get('symbols')}: {sites.get('symbols_reason')}")
 
 
+def check_listed(tap, desc, main, sides, stdout, stderr):
+    """host_fds listed: stacks are still walked after the walk's pipe was closed (libunwind makes
+    another when it needs one): both functions' sites are there, named."""
+    sites = (main or {}).get("sites", {})
+    frames = [f for r in sites.get("top_by_allocated") or [] for f in (r.get("stack") or [])[:1]]
+    tap.ok(all(any(f.startswith(name + " (") for f in frames) for name in ("pages_first", "pages_then")),
+           f"{desc}: sites of both functions that allocate, named", f"innermost frames {frames}")
+
+
 def check_inplace(tap, desc, main, sides, stdout, stderr):
     """host_exec inplace: the pre-exec image wrote a side report; the leaf (same pid, the main
     process) wrote REPORT.json with status 6."""
@@ -347,6 +356,10 @@ CASES = [
     case("the same after the program lowered its descriptor limit", "host_fds", ["lowered"]),
     case("every descriptor closed, then a pipe of the program's where libunwind had its own; "
          "allocations unwound: the pipe's bytes and ends are the program's", "host_fds", ["unwinder"]),
+    case("the program lists its open descriptors after allocations unwound: none of alloclens's "
+         "(event counters off; not tcmalloc, whose own libunwind pipe alloclens keeps open)",
+         "host_fds", ["listed"], only=("glibc", DIRECT, "jemalloc", "mimalloc"),
+         env={"ALLOCLENS_EVENTS": "off"}, check=check_listed),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
     case("allocations under a 64 MiB ulimit -v", "host_rlimit", ["tight"]),
     case("no memory at all for the allocator under a 24 MiB ulimit -v", "host_rlimit",

@@ -545,8 +545,6 @@ START_TEST(buf_streamed)
 }
 END_TEST
 
-/* Pages of a fresh private mapping are "written" only once written (or swapped out); without
- * a pagemap every page counts as written. */
 /* fds.c: the kernel's descriptor table grown to the top at start, while no thread shares it
  * (a shared one grows only after an RCU grace period, and the growing thread waits), and no
  * descriptor left behind. */
@@ -571,6 +569,51 @@ START_TEST(fds_table_grown_at_start)
     ck_assert_int_ge(_al_proc_status("FDSize"), 2033);
     ck_assert_int_eq(dup(2), probe); /* the lowest free number is still free: nothing kept */
     ck_assert_int_eq(_al_fd_top(dup(2)), 2032);
+}
+END_TEST
+
+static bool fd_open(int fd)
+{
+    return fcntl(fd, F_GETFD) != -1;
+}
+
+/* fds.c: libunwind's pipe made during a walk is closed as the walk ends, and its numbers are
+ * retired until libunwind makes another; where another user of libunwind made its pipe
+ * first (shared), the one made in the walk stays open. */
+START_TEST(fds_unwinder_pipe_closed_after_walk)
+{
+    int p[2], q[2];
+    ck_assert_int_eq(pipe(p), 0);
+    _al_fds_walk_end(); /* no pipe made: nothing to do */
+    ck_assert(fd_open(p[0]) && fd_open(p[1]));
+    ck_assert(!_al_fds_retired(p[0]) && !_al_fds_retired(-1));
+
+    _al_fds_unwinder_pipe(p, true);
+    ck_assert(!_al_fds_retired(p[0]));
+    _al_fds_walk_end();
+    ck_assert(!fd_open(p[0]) && !fd_open(p[1]));
+    ck_assert(_al_fds_retired(p[0]) && _al_fds_retired(p[1]) && !_al_fds_retired(-1));
+    _al_fds_walk_end(); /* once only */
+    ck_assert(_al_fds_retired(p[0]));
+
+    /* A pipe libunwind made outside our walks: its numbers are libunwind's now, not closed. */
+    ck_assert_int_eq(pipe(q), 0);
+    _al_fds_unwinder_pipe(q, false);
+    ck_assert(!_al_fds_retired(p[0]) && !_al_fds_retired(q[0]));
+    _al_fds_walk_end();
+    ck_assert(fd_open(q[0]) && fd_open(q[1]));
+
+    /* Shared: the walk's pipe stands in for the other user's and stays open. */
+    ck_assert_int_eq(pipe(p), 0);
+    _al_fds_unwinder_shared();
+    _al_fds_unwinder_pipe(p, true);
+    _al_fds_walk_end();
+    ck_assert(fd_open(p[0]) && fd_open(p[1]));
+    ck_assert(!_al_fds_retired(p[0]));
+    close(p[0]);
+    close(p[1]);
+    close(q[0]);
+    close(q[1]);
 }
 END_TEST
 
@@ -1288,6 +1331,7 @@ int main(void)
     tcase_add_test(tc, buf_u64_decimal);
     tcase_add_test(tc, buf_streamed);
     tcase_add_test(tc, fds_table_grown_at_start);
+    tcase_add_test(tc, fds_unwinder_pipe_closed_after_walk);
     tcase_add_test(tc, seccomp_filter_runs);
     tcase_add_test(tc, seccomp_report_refused);
     tcase_add_test(tc, reach_file_capabilities);

@@ -26,7 +26,14 @@
  *        host_fds unwinder   closes every descriptor above 2, makes a pipe (3 and 4, where
  *                            tcmalloc's libunwind made its own at start) holding "hello", then
  *                            allocates 80 MiB 4 KiB at a time (stacks unwound at each sample)
- *                            and prints what the pipe holds and whether both ends are open */
+ *                            and prints what the pipe holds and whether both ends are open
+ *        host_fds listed     allocates 16 MiB 4 KiB at a time (stacks unwound at each sample),
+ *                            opens a file and a pipe, allocates as much from another function,
+ *                            then prints every descriptor open above 2 (but the listing's
+ *                            own) that /proc/self/fd lists, as programs that close what they
+ *                            did not open, or check that a child has only what it was given,
+ *                            find them */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -115,8 +122,47 @@ static int unwinder(void)
     return 0;
 }
 
+static void __attribute__((noinline)) pages_first(void)
+{
+    for (int i = 0; i < 4096; i++) {
+        sink = malloc(4096);
+        free(sink);
+    }
+}
+
+static void __attribute__((noinline)) pages_then(void)
+{
+    for (int i = 0; i < 4096; i++) {
+        sink = calloc(1, 4096);
+        free(sink);
+    }
+}
+
+static int listed(void)
+{
+    pages_first();
+    int p[2];
+    int fd = open("/dev/null", O_RDONLY);
+    if (fd < 0 || pipe(p) != 0)
+        return 1;
+    pages_then();
+    DIR *dir = opendir("/proc/self/fd");
+    if (!dir)
+        return 1;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        int n = atoi(e->d_name);
+        if (e->d_name[0] != '.' && n > 2 && n != dirfd(dir))
+            printf("listed: fd %d open\n", n);
+    }
+    closedir(dir);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "listed"))
+        return listed();
     if (argc == 2 && !strcmp(argv[1], "unwinder"))
         return unwinder();
     if (argc == 2 && !strcmp(argv[1], "stdclose")) {
