@@ -419,6 +419,11 @@ int _al_fd_top(int fd);
 /* Set while a library works for us (libunwind's first look at memory makes a pipe of its own):
  * the pipe wrapper moves what it makes up. */
 extern __thread bool _al_fds_ours __attribute__((tls_model("initial-exec"))) AL_HIDDEN;
+/* Room for the report's descriptors: the soft limit raised (true, the old one in *SAVED) for
+ * the report's time, and put back (see fds.c). */
+struct rlimit;
+bool _al_fds_report_room(struct rlimit *saved);
+void _al_fds_report_done(const struct rlimit *saved);
 /* libunwind's pipe (see fds.c): the pipe wrapper tells of one libunwind made (IN_WALK: during a
  * walk of ours, moved up) and of a descriptor of another user's it closed during one (shared);
  * the sampler, of the end of its walk, which closes the walk's pipe and retires its numbers. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <ucontext.h>
@@ -340,13 +341,15 @@ static void write_report(struct write_args *w)
 
     struct al_report *r = NULL;
     uint64_t *hist = NULL;
-    bool can_say;
+    struct rlimit nofile;
+    bool room = false, can_say;
     const char *refused = _al_seccomp_refuses_report(&can_say);
     if (refused) {
         if (can_say)
             _al_log("no report: %s", refused);
         goto out;
     }
+    room = _al_fds_report_room(&nofile);
     /* Before the report's own memory could raise the process's peak RSS. */
     _al_sampler_report_begins();
     r = _al_mem_map(sizeof *r);
@@ -394,6 +397,8 @@ static void write_report(struct write_args *w)
         }
     }
 out:
+    if (room)
+        _al_fds_report_done(&nofile);
     if (hist && !ending)
         _al_mem_unmap(hist, (size_t)AL_ROWS * AL_HIST_BUCKETS * sizeof(uint64_t));
     if (r && !ending)

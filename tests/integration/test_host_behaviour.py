@@ -116,6 +116,15 @@ def check_listed(tap, desc, main, sides, stdout, stderr):
            f"{desc}: sites of both functions that allocate, named", f"innermost frames {frames}")
 
 
+def check_full(tap, desc, main, sides, stdout, stderr):
+    """host_fds full: the report's files and the symbolizer had descriptors (the soft limit
+    raised for the report's time): sites named from debug information."""
+    sites = (main or {}).get("sites", {})
+    tap.ok(sites.get("available") and sites.get("symbols") == "debug information",
+           f"{desc}: sites named from debug information",
+           f"{sites.get('symbols')}: {sites.get('symbols_reason')}")
+
+
 def check_inplace(tap, desc, main, sides, stdout, stderr):
     """host_exec inplace: the pre-exec image wrote a side report; the leaf (same pid, the main
     process) wrote REPORT.json with status 6."""
@@ -360,6 +369,8 @@ CASES = [
          "(event counters off; not tcmalloc, whose own libunwind pipe alloclens keeps open)",
          "host_fds", ["listed"], only=("glibc", DIRECT, "jemalloc", "mimalloc"),
          env={"ALLOCLENS_EVENTS": "off"}, check=check_listed),
+    case("exit with every descriptor the limit allows open: the report still written",
+         "host_fds", ["full"], check=check_full),
     case("allocations under a 1.5 GiB ulimit -v", "host_rlimit"),
     case("allocations under a 64 MiB ulimit -v", "host_rlimit", ["tight"]),
     case("no memory at all for the allocator under a 24 MiB ulimit -v", "host_rlimit",
