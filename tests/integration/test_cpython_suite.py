@@ -7,9 +7,11 @@ test suite written by others, for the program's own behaviour, is the check here
 
 Usage: test_cpython_suite.py ALLOC   (ALLOCLENS_CLI in the environment)
 
-The modules are the quick ones among those that exercise what an interposer can break.
-test_subprocess is not among them: two of its cases list the child's open descriptors and
-find alloclens's own (README, known problems). A case that ends differently is run again, alone,
+The modules are the quick ones among those that exercise what an interposer can break. One
+case is known to end otherwise, and only in full mode: test_subprocess's
+test_pass_fds_redirected lists a child's open descriptors and finds the timed modes' event
+counters (README, known problems); it is told, not counted (sample mode, which keeps no
+descriptor, must pass it as plain does). A case that ends differently is run again, alone,
 both ways, twice: timing-sensitive cases on a loaded machine are then told apart from a real
 difference, which repeats.
 """
@@ -22,8 +24,10 @@ import altest
 
 MODULES = ["test_threading", "test_fork1", "test_threadsignals", "test_thread", "test_os",
            "test_posix", "test_select", "test_mmap", "test_gc", "test_atexit", "test_pty",
-           "test_resource", "test_tracemalloc", "test_sys", "test_zlib"]
+           "test_resource", "test_tracemalloc", "test_sys", "test_zlib", "test_subprocess"]
 MODES = ("full", "sample")
+KNOWN = {("full", "test.test_subprocess.POSIXProcessTestCase.test_pass_fds_redirected"):
+         "the child finds the event counters' descriptors (README, known problems)"}
 TIMEOUT = 600          # seconds for one run of the modules; regrtest's own per-module limit below
 RERUNS = 2
 
@@ -63,7 +67,10 @@ def regrtest(alloc, path, mode, wd, name, modules, match=None):
     """Runs the modules plain (MODE None, ALLOC's library preloaded) or profiled; returns
     (exit status, outcomes or None, runner's output tail)."""
     xml = os.path.join(wd, f"{name}.xml")
-    argv = [python(), "-m", "test", "--timeout", str(TIMEOUT // 2), "--junit-xml", xml, *modules]
+    # Several modules at once where there are several: most of their time is waits (test_subprocess
+    # sleeps, joins, timeouts), not CPU.
+    jobs = ["-j", "4"] if len(modules) > 1 else []
+    argv = [python(), "-m", "test", *jobs, "--timeout", str(TIMEOUT // 2), "--junit-xml", xml, *modules]
     if match:
         argv[3:3] = [a for case in match for a in ("-m", case)]
     env = altest.plain_env(TMPDIR=wd, LC_ALL="C.UTF-8")
@@ -138,7 +145,11 @@ def main():
                       ptext):
             continue
         diffs = sorted(c for c in set(plain) | set(prof) if plain.get(c) != prof.get(c))
-        lasting = settle(alloc, path, mode, wd, diffs, plain, prof) if diffs else []
+        for c in [c for c in diffs if (mode, c) in KNOWN]:
+            tap.diag(f"{alloc} {mode}: {short(c)} ended {prof.get(c)} (plain: {plain.get(c)}), "
+                     f"as known: {KNOWN[(mode, c)]}")
+        lasting = settle(alloc, path, mode, wd, [c for c in diffs if (mode, c) not in KNOWN],
+                         plain, prof)
         tap.ok(not lasting, f"{alloc} {mode}: all {len(plain)} test cases end as they do plain",
                "\n".join(f"{short(c)}: plain {plain.get(c)}, profiled {prof.get(c)}" for c in lasting)
                + "\n" + ptext)
