@@ -6,6 +6,7 @@
  * finds its pipe gone it closes the two numbers blindly, so its pipe goes higher still. */
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "profiler.h"
@@ -91,6 +92,7 @@ int _al_fd_top(int fd)
  * may look at memory after us, and a pipe of its own made then would take the program's next
  * numbers. walk_pipe is written under the sampler's unwind lock only. */
 static int walk_pipe[2] = { -1, -1 };
+static struct stat walk_pipe_st; /* both ends' inode */
 _Atomic int _al_fds_retired_pipe[2] = { -1, -1 };
 static _Atomic bool pipe_shared;
 
@@ -98,10 +100,19 @@ void _al_fds_unwinder_pipe(const int fds[2], bool in_walk)
 {
     atomic_store_explicit(&_al_fds_retired_pipe[0], -1, memory_order_relaxed);
     atomic_store_explicit(&_al_fds_retired_pipe[1], -1, memory_order_relaxed);
-    if (in_walk) {
+    if (in_walk && fstat(fds[0], &walk_pipe_st) == 0) {
         walk_pipe[0] = fds[0];
         walk_pipe[1] = fds[1];
     }
+}
+
+/* Whether FD is still the walk's pipe: a program may close every descriptor behind our back
+ * (close_range, which no wrapper sees) and be given the number again for one of its own. */
+static bool still_walk_pipe(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) && st.st_ino == walk_pipe_st.st_ino &&
+           st.st_dev == walk_pipe_st.st_dev;
 }
 
 void _al_fds_unwinder_shared(void)
@@ -114,9 +125,11 @@ void _al_fds_walk_end(void)
     if (walk_pipe[0] < 0)
         return;
     if (!atomic_load_explicit(&pipe_shared, memory_order_relaxed)) {
-        /* Through the interposed close, which forgets them as libunwind's. */
-        close(walk_pipe[0]);
-        close(walk_pipe[1]);
+        /* Through the interposed close, which forgets them as libunwind's. Retired either way:
+         * a number that is the program's now is kept from libunwind too. */
+        for (int i = 0; i < 2; i++)
+            if (still_walk_pipe(walk_pipe[i]))
+                close(walk_pipe[i]);
         atomic_store_explicit(&_al_fds_retired_pipe[0], walk_pipe[0], memory_order_relaxed);
         atomic_store_explicit(&_al_fds_retired_pipe[1], walk_pipe[1], memory_order_relaxed);
     }

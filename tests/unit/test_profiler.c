@@ -577,9 +577,9 @@ static bool fd_open(int fd)
     return fcntl(fd, F_GETFD) != -1;
 }
 
-/* fds.c: libunwind's pipe made during a walk is closed as the walk ends, and its numbers are
- * retired until libunwind makes another; where another user of libunwind made its pipe
- * first (shared), the one made in the walk stays open. */
+/* fds.c: libunwind's pipe made during a walk is closed as the walk ends (not a number that is
+ * another file's by then), and its numbers are retired until libunwind makes another; where
+ * another user of libunwind made its pipe first (shared), the one made in the walk stays open. */
 START_TEST(fds_unwinder_pipe_closed_after_walk)
 {
     int p[2], q[2];
@@ -595,6 +595,18 @@ START_TEST(fds_unwinder_pipe_closed_after_walk)
     ck_assert(_al_fds_retired(p[0]) && _al_fds_retired(p[1]) && !_al_fds_retired(-1));
     _al_fds_walk_end(); /* once only */
     ck_assert(_al_fds_retired(p[0]));
+
+    /* A number the program took over meanwhile (close_range, then its own open) is not closed,
+     * and retired all the same. */
+    ck_assert_int_eq(pipe(p), 0);
+    _al_fds_unwinder_pipe(p, true);
+    int null = open("/dev/null", O_RDONLY);
+    ck_assert_int_eq(dup2(null, p[1]), p[1]);
+    close(null);
+    _al_fds_walk_end();
+    ck_assert(!fd_open(p[0]) && fd_open(p[1]));
+    ck_assert(_al_fds_retired(p[0]) && _al_fds_retired(p[1]));
+    close(p[1]);
 
     /* A pipe libunwind made outside our walks: its numbers are libunwind's now, not closed. */
     ck_assert_int_eq(pipe(q), 0);
