@@ -140,12 +140,14 @@ void _al_fds_walk_end(void)
  * program that ends with every descriptor its limit allows still open left none, and got one
  * line instead of its report. The soft limit is raised by REPORT_FDS for the report's time, as
  * far as the hard limit lets (a process may raise its own up to that), and put back after: an
- * exec'd image, and whatever runs after the report, see the limit the program set. */
+ * exec'd image, and whatever runs after the report, see the limit the program set. Not under a
+ * seccomp filter of the program's, which may end the process at prlimit64. */
 #define REPORT_FDS 8
 
 bool _al_fds_report_room(struct rlimit *saved)
 {
-    if (getrlimit(RLIMIT_NOFILE, saved) != 0 || saved->rlim_cur >= saved->rlim_max)
+    if (atomic_load(&_al_seccomp_on) || getrlimit(RLIMIT_NOFILE, saved) != 0 ||
+        saved->rlim_cur >= saved->rlim_max)
         return false;
     struct rlimit more = *saved;
     more.rlim_cur = saved->rlim_max - saved->rlim_cur > REPORT_FDS ? saved->rlim_cur + REPORT_FDS : saved->rlim_max;

@@ -249,13 +249,15 @@ static bool allowed(long nr, const uint64_t args[3])
 
 /* The system calls measuring takes while the program runs, in its allocation calls: the heap's
  * and the process's resident size (/proc/self/statm, /proc/self/maps, the pagemap, mincore),
- * and libunwind's stack walks (it checks memory with mincore, or by writing it to a pipe it
- * makes, with signals blocked around its caches). The sampler's getrusage is asked apart. */
+ * and libunwind's stack walks (it checks memory with mincore, and by writing it to a pipe it
+ * makes, with signals blocked around its caches; the walk's end looks at the pipe before it
+ * closes it). The sampler's getrusage is asked apart. */
 static const struct call runtime_calls[] = {
     { "openat", SYS_openat, { (uint64_t)AT_FDCWD, 0, O_RDONLY | O_CLOEXEC } },
     { "read", SYS_read, { 0 } },
     { "pread64", SYS_pread64, { 0 } },
     { "close", SYS_close, { 0 } },
+    { "newfstatat", SYS_newfstatat, { 0 } },
     { "mincore", SYS_mincore, { 0 } },
     { "pipe2", SYS_pipe2, { 0, O_NONBLOCK | O_CLOEXEC } },
     { "write", SYS_write, { 0 } },

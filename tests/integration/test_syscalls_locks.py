@@ -304,11 +304,12 @@ for name, path in allocs.items():
 # runs (mincore, /proc/self/statm, maps, pagemap), lest the threads' allocations end it. With one
 # ending it at getrusage (norusage), --mode sample's sampler, which asks it for the peak RSS at
 # sampled allocations (densely sampled here), no longer does (the peak becomes where its own
-# estimate was highest); its stack walks go on.
+# estimate was highest); its stack walks go on. With one ending it at prlimit64 (noprlimit), the
+# reports are written without the room for descriptors a report raises the limit for.
 NOTE = "threads started after the program installed a seccomp filter are not measured"
 for name, path in allocs.items():
-    for how in ("prctl", "syscall", "nofiles", "nomincore", "norusage"):
-        if how in ("nofiles", "nomincore", "norusage") and name != "glibc":
+    for how in ("prctl", "syscall", "nofiles", "nomincore", "norusage", "noprlimit"):
+        if how in ("nofiles", "nomincore", "norusage", "noprlimit") and name != "glibc":
             continue
         label = f"sys_sigsys later {how} under {name}"
         tag = f"later-{how}-{name}"

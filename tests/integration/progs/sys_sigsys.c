@@ -14,7 +14,8 @@
  *          perf_event_open and at the prctl that starts syscall user dispatch (HOW: prctl, or
  *          syscall for the seccomp system call, as libseccomp does; nofiles: with prctl, and a
  *          second filter that ends it at any open that would create a file; nomincore: at
- *          mincore; norusage: at getrusage), then starts threads and a child that allocate;
+ *          mincore; norusage: at getrusage; noprlimit: at prlimit64, which getrlimit and
+ *          setrlimit make), then starts threads and a child that allocate;
  *          prints what they did.
  * sys_sigsys strict HOW: exactly 1000 mallocs (some kept), then seccomp's strict mode (HOW:
  *          prctl, or the seccomp system call), which allows read, write and exit only and turns
@@ -148,8 +149,11 @@ static int later_filtered(const char *how)
     struct sock_fprog second = { sizeof nofiles / sizeof nofiles[0], nofiles };
     if (!strcmp(how, "nofiles") && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &second))
         return 24;
-    /* nomincore, norusage: a filter ending the process at that one system call */
-    long one = !strcmp(how, "nomincore") ? SYS_mincore : !strcmp(how, "norusage") ? SYS_getrusage : -1;
+    /* nomincore, norusage, noprlimit: a filter ending the process at that one system call */
+    long one = !strcmp(how, "nomincore") ? SYS_mincore
+               : !strcmp(how, "norusage") ? SYS_getrusage
+               : !strcmp(how, "noprlimit") ? SYS_prlimit64
+                                           : -1;
     struct sock_filter kill_one[] = KILL_AT((uint32_t)one);
     struct sock_fprog third = { sizeof kill_one / sizeof kill_one[0], kill_one };
     if (one >= 0 && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &third))
