@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <link.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -491,16 +492,82 @@ static int fast_walk(void **raw, int max)
     return n;
 }
 
+/* The walk runs on a stack of its own: libunwind's steps, and the loader binding libunwind's
+ * calls on their first use (an xsave area of some 3 KiB on AVX-512), took about 6 KiB of the
+ * program's stack, and a coroutine on a 4 KiB stack that allocated crashed where it did not
+ * without us. Walks are one at a time (the unwind lock): one stack serves every thread. A walk
+ * nested in one under way on the same thread (its signal handler's, or a coroutine the handler
+ * switched to) walks where it is, leaving the outer walk's frames alone. A signal that comes
+ * during a walk has its handler run there, as it would have on the program's stack: the stack
+ * is far bigger than a walk needs. Not made once a seccomp filter is on (mmap and mprotect are
+ * calls it may refuse): walks stay on the program's stack. */
+#define WALK_STACK (256u << 10)
+#define WALK_GUARD 4096u
+
+struct walk_call {
+    void **raw;
+    int max, n;
+    const struct al_loader_counts *loaded;
+};
+
+static struct {
+    char *base; /* WALK_GUARD below WALK_STACK, the guard's pages inaccessible */
+    bool unable;
+    bool in_use;
+} own_stack;
+
+static void walk(struct walk_call *c)
+{
+    readable.n = 0;
+    readable.pid = 0; /* a fork's child has another */
+    rules_check(c->loaded);
+    int n = fast_walk(c->raw, c->max);
+    c->n = n >= 0 ? n : slow_walk(c->raw, c->max);
+}
+
+/* FN(C) with the stack pointer at TOP (16-byte aligned), and back. */
+static void run_on_stack(void (*fn)(struct walk_call *), struct walk_call *c, char *top)
+{
+    __asm__ volatile("mov %%rsp, %%rbx\n\t"
+                     "mov %[top], %%rsp\n\t"
+                     "call *%[fn]\n\t"
+                     "mov %%rbx, %%rsp"
+                     : "+D"(c)
+                     : [fn] "r"(fn), [top] "r"(top)
+                     : "rax", "rbx", "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "memory", "cc",
+                       "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                       "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+}
+
+static bool own_stack_ready(void)
+{
+    if (own_stack.base)
+        return true;
+    if (own_stack.unable || atomic_load(&_al_seccomp_on))
+        return false;
+    char *m = _al_mem_map(WALK_GUARD + WALK_STACK);
+    if (m && mprotect(m, WALK_GUARD, PROT_NONE) != 0) {
+        _al_mem_unmap(m, WALK_GUARD + WALK_STACK);
+        m = NULL;
+    }
+    own_stack.unable = !m;
+    own_stack.base = m;
+    return m != NULL;
+}
+
 /* Under the sampler's unwind lock; LOADED: what _al_unwind_loader_counts read before it was
- * taken. Not inlined: the walk starts from this function's frame,
- * which must outlive it. */
+ * taken. Not inlined: the walk starts from this function's frame, which must outlive it. */
 AL_NOINLINE int _al_unwind_backtrace(void **raw, int max, const struct al_loader_counts *loaded)
 {
     if (unw_getcontext(&w.start) < 0)
         return 0;
-    readable.n = 0;
-    readable.pid = 0; /* a fork's child has another */
-    rules_check(loaded);
-    int n = fast_walk(raw, max);
-    return n >= 0 ? n : slow_walk(raw, max);
+    struct walk_call c = { raw, max, 0, loaded };
+    if (own_stack.in_use || !own_stack_ready()) {
+        walk(&c);
+    } else {
+        own_stack.in_use = true;
+        run_on_stack(walk, &c, own_stack.base + WALK_GUARD + WALK_STACK);
+        own_stack.in_use = false;
+    }
+    return c.n;
 }

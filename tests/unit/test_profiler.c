@@ -1115,6 +1115,38 @@ START_TEST(unwind_frame_across_stacks)
 }
 END_TEST
 
+/* The walk runs on a stack of its own: from a 2 KiB stack (a guard page under it), the first
+ * walk through new frames, libunwind's steps and the loader binding its calls (some 6 KiB),
+ * crashed on the guard page. */
+enum { SMALL_GUARD = 4096, SMALL_STACK = 2048 };
+
+static AL_NOINLINE void on_small_stack(struct walks *w)
+{
+    struct al_loader_counts loaded;
+    _al_unwind_loader_counts(&loaded);
+    unsigned long before = _al_unwind_slow_walks;
+    w->n[0] = _al_unwind_backtrace(w->f[0], DEPTH, &loaded);
+    w->slow[0] = _al_unwind_slow_walks - before;
+    __asm__ volatile("" ::: "memory");
+}
+
+START_TEST(unwind_from_a_small_stack)
+{
+    char *m = mmap(NULL, SMALL_GUARD + SMALL_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    ck_assert_int_eq(mprotect(m, SMALL_GUARD, PROT_NONE), 0);
+    struct walks w;
+    /* This program's calls into libunwind and the loader bound first (the library's are, at
+     * its load), on this stack. */
+    on_small_stack(&w);
+    call_on_stack(on_small_stack, &w, m + SMALL_GUARD + SMALL_STACK);
+    ck_assert_msg(w.slow[0] == 1, "the first walk from there was libunwind's");
+    /* Its own frame, on_small_stack, call_on_stack, this test and its callers. */
+    ck_assert_int_ge(w.n[0], 5);
+    munmap(m, SMALL_GUARD + SMALL_STACK);
+}
+END_TEST
+
 /* A library unloaded and another loaded at its address, with another frame at a return
  * address the first had: walked with the second's frame, by the rules and by libunwind, whose
  * own cache of frames keyed by address must be forgotten too. */
@@ -1328,6 +1360,7 @@ int main(void)
     tcase_add_test(tc, unwind_rbp_in_another_register);
     tcase_add_test(tc, unwind_reload);
     tcase_add_test(tc, unwind_frame_across_stacks);
+    tcase_add_test(tc, unwind_from_a_small_stack);
     tcase_add_test(tc, unwind_threads_memory);
     tcase_add_test(tc, hist_quantiles);
     tcase_add_test(tc, hist_out_of_memory_still_timed);

@@ -37,7 +37,8 @@
  *            before the exec runs on that stack
  *   coroutine  a ucontext coroutine on an 8 KiB stack, a guard page under it, makes 2000
  *            allocations and frees each (run with most of them sampled): a sample's stack
- *            walk, the first one through those frames too, fits in what the program leaves */
+ *            walk, the first one through those frames too, runs on a stack of alloclens's own,
+ *            and what else a sampled allocation takes fits in what the program leaves */
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
