@@ -85,21 +85,34 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
     return n;
 }
 
+/* The file is read into memory of its own, not the stack: a sampled allocation reads it, on a
+ * stack that may be a coroutine's few KiB. One reader at a time; another at that moment (a
+ * thread, or a signal handler on this one) gets no values. */
 void _al_proc_status_fields(const char *const fields[], long values[], unsigned n)
 {
-    char status[4096], key[64];
-    bool ok = _al_proc_read("/proc/self/status", status, sizeof status) >= 0;
-    for (unsigned i = 0; i < n; i++) {
+    static char status[4096];
+    static _Atomic bool reading;
+    for (unsigned i = 0; i < n; i++)
         values[i] = -1;
-        if (!ok || (size_t)snprintf(key, sizeof key, "\n%s:", fields[i]) >= sizeof key)
+    if (atomic_exchange(&reading, true))
+        return;
+    bool ok = _al_proc_read("/proc/self/status", status, sizeof status) >= 0;
+    for (unsigned i = 0; ok && i < n; i++) {
+        char key[64];
+        size_t len = strlen(fields[i]);
+        if (len + 3 > sizeof key)
             continue;
+        key[0] = '\n';
+        memcpy(key + 1, fields[i], len);
+        memcpy(key + 1 + len, ":", 2);
         const char *f = strstr(status, key);
         if (!f)
             continue;
-        f += strlen(key);
+        f += len + 2;
         f += strspn(f, " \t");
         values[i] = (long)_al_proc_num(&f, 10);
     }
+    atomic_store(&reading, false);
 }
 
 long _al_proc_status(const char *field)

@@ -598,11 +598,13 @@ static void add(const struct sample *e, struct al_site *st)
 
 /* ---- peak snapshots ------------------------------------------------------------------------ */
 
-/* Bytes of [a, a+n) that are resident, swapped or never touched, from the pagemap. */
+/* Lock held: bytes of [a, a+n) that are resident, swapped or never touched, from the pagemap.
+ * Its entries are read into memory of their own, not the stack (a coroutine's may be a few
+ * KiB). */
 static void residency(int pagemap, uintptr_t a, uint64_t n, double out[3])
 {
     uint64_t page = 4096, first = a / page, last = (a + n - 1) / page;
-    uint64_t entries[512];
+    static uint64_t entries[512];
     for (uint64_t p = first; p <= last;) {
         size_t k = _al_shadow_pagemap_read(pagemap, p, last - p + 1 < 512 ? last - p + 1 : 512, entries);
         if (!k)

@@ -349,7 +349,7 @@ CASES = [
     case("threads with the smallest stack; exit from one", "host_threads", ["smallstack"]),
     case("exec from a thread with the smallest stack", "host_threads",
          ["smallstack-exec", "@leaf"]),
-    case("a coroutine on an 8 KiB stack allocates, nearly every allocation sampled",
+    case("a coroutine on a 5 KiB stack allocates, nearly every allocation sampled",
          "host_threads", ["coroutine"], env={"ALLOCLENS_SAMPLE_RATE": "64"}),
     case("vfork+execve", "host_vfork"),
     case("posix_spawn, system, popen", "host_spawn"),
