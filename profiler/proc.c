@@ -86,16 +86,23 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
 }
 
 /* The file is read into memory of its own, not the stack: a sampled allocation reads it, on a
- * stack that may be a coroutine's few KiB. One reader at a time; another at that moment (a
- * thread, or a signal handler on this one) gets no values. */
+ * stack that may be a coroutine's few KiB. One reader at a time, the others waiting for the
+ * few microseconds a read takes; a signal handler that interrupted this thread's read gets no
+ * values rather than wait for it. */
+static _Atomic uintptr_t status_reader;
+static __thread char status_reader_tag __attribute__((tls_model("initial-exec")));
+
 void _al_proc_status_fields(const char *const fields[], long values[], unsigned n)
 {
     static char status[4096];
-    static _Atomic bool reading;
     for (unsigned i = 0; i < n; i++)
         values[i] = -1;
-    if (atomic_exchange(&reading, true))
-        return;
+    uintptr_t me = (uintptr_t)&status_reader_tag, none = 0;
+    for (unsigned k = 0; !atomic_compare_exchange_weak(&status_reader, &none, me); k++, none = 0) {
+        if (none == me)
+            return;
+        _al_spin_wait(k);
+    }
     bool ok = _al_proc_read("/proc/self/status", status, sizeof status) >= 0;
     for (unsigned i = 0; ok && i < n; i++) {
         char key[64];
@@ -112,7 +119,7 @@ void _al_proc_status_fields(const char *const fields[], long values[], unsigned 
         f += strspn(f, " \t");
         values[i] = (long)_al_proc_num(&f, 10);
     }
-    atomic_store(&reading, false);
+    atomic_store(&status_reader, 0);
 }
 
 long _al_proc_status(const char *field)

@@ -572,6 +572,30 @@ START_TEST(fds_table_grown_at_start)
 }
 END_TEST
 
+/* proc.c: /proc/self/status is read into one buffer of its own; threads reading it at once
+ * take turns, and each gets its values. */
+static void *status_reads(void *arg)
+{
+    long *bad = arg;
+    for (int i = 0; i < 300; i++)
+        if (_al_proc_status("VmHWM") <= 0 || _al_proc_status("Threads") <= 0)
+            (*bad)++;
+    return NULL;
+}
+
+START_TEST(proc_status_read_by_threads_at_once)
+{
+    pthread_t th[4];
+    long bad[4] = { 0 };
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, status_reads, &bad[i]), 0);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_msg(bad[i] == 0, "thread %d: %ld reads without a value", i, bad[i]);
+    }
+}
+END_TEST
+
 static bool fd_open(int fd)
 {
     return fcntl(fd, F_GETFD) != -1;
@@ -1377,6 +1401,7 @@ int main(void)
     tcase_add_test(tc, buf_streamed);
     tcase_add_test(tc, fds_table_grown_at_start);
     tcase_add_test(tc, fds_unwinder_pipe_closed_after_walk);
+    tcase_add_test(tc, proc_status_read_by_threads_at_once);
     tcase_add_test(tc, seccomp_filter_runs);
     tcase_add_test(tc, seccomp_report_refused);
     tcase_add_test(tc, reach_file_capabilities);
