@@ -122,6 +122,13 @@ void _al_proc_status_fields(const char *const fields[], long values[], unsigned 
     atomic_store(&status_reader, 0);
 }
 
+/* A fork child has only the thread that forked: a read another thread had under way is no
+ * one's there. */
+void _al_proc_after_fork_child(void)
+{
+    atomic_store(&status_reader, 0);
+}
+
 long _al_proc_status(const char *field)
 {
     long v;

@@ -124,6 +124,7 @@ void _al_process_atfork_child(void)
     _al_waste_after_fork_child();
     _al_heap_after_fork_child();
     _al_shadow_after_fork_child();
+    _al_proc_after_fork_child();
     _al_report_restart(0, NULL);
     _al_threads_fork_done();
 }

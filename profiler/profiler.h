@@ -739,6 +739,7 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap);
 long _al_proc_status(const char *field);
 /* The same for N fields at once, from one read: VALUES[i] for FIELDS[i]. */
 void _al_proc_status_fields(const char *const fields[], long values[], unsigned n);
+void _al_proc_after_fork_child(void); /* the status read another thread had under way: no one's */
 /* The process's resident size now, in bytes (/proc/self/statm), or -1. */
 int64_t _al_proc_rss(void);
 /* The whole file at PATH appended to B, however long; whether it was read to its end. */
