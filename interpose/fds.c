@@ -76,6 +76,13 @@ static inline bool unwinders(const void *caller)
     return AL_UNLIKELY(_al_fds_ours) && _al_code_holds(&_al_unwinder_code, caller);
 }
 
+/* libunwind (CALLER in its code, whoever called it) at FD, a number of a pipe of its that we
+ * closed after a walk (profiler/fds.c): it reads as closed and is not closed. */
+static inline bool retired_for(int fd, const void *caller)
+{
+    return _al_fds_retired(fd) && _al_code_holds(&_al_unwinder_code, caller);
+}
+
 /* FD, made while we unwind, moved up and noted. The move's own close of the low number is the
  * move's, not libunwind's: not filtered. */
 static int made_here(int fd)
@@ -129,7 +136,7 @@ AL_EXPORT int open_entry(const char *path, int flags, ...)
 AL_EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
     const void *caller = __builtin_return_address(0);
-    if ((_al_fds_retired(fd) && _al_code_holds(&_al_unwinder_code, caller)) || (unwinders(caller) && !was_made(fd))) {
+    if (retired_for(fd, caller) || (unwinders(caller) && !was_made(fd))) {
         errno = EBADF;
         return -1;
     }
@@ -139,8 +146,8 @@ AL_EXPORT ssize_t read(int fd, void *buf, size_t n)
 AL_EXPORT int close(int fd)
 {
     const void *caller = __builtin_return_address(0);
-    if (_al_fds_retired(fd) && _al_code_holds(&_al_unwinder_code, caller))
-        return 0; /* a number of the pipe we closed: perhaps the program's now */
+    if (retired_for(fd, caller))
+        return 0; /* perhaps the program's now */
     if (unwinders(caller) && !was_made(fd)) {
         /* The pipe of another user of libunwind's, made before our walks (never -1, which
          * its first pipe's making closes), or the program's under those numbers: kept. */

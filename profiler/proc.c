@@ -86,23 +86,18 @@ ssize_t _al_proc_read(const char *path, char *buf, size_t cap)
 }
 
 /* The file is read into memory of its own, not the stack: a sampled allocation reads it, on a
- * stack that may be a coroutine's few KiB. One reader at a time, the others waiting for the
- * few microseconds a read takes; a signal handler that interrupted this thread's read gets no
- * values rather than wait for it. */
+ * stack that may be a coroutine's few KiB. One reader at a time (an owned lock), the others
+ * waiting for the few microseconds a read takes; a signal handler that interrupted this
+ * thread's read gets no values rather than wait for it. */
 static _Atomic uintptr_t status_reader;
-static __thread char status_reader_tag __attribute__((tls_model("initial-exec")));
 
 void _al_proc_status_fields(const char *const fields[], long values[], unsigned n)
 {
     static char status[4096];
     for (unsigned i = 0; i < n; i++)
         values[i] = -1;
-    uintptr_t me = (uintptr_t)&status_reader_tag, none = 0;
-    for (unsigned k = 0; !atomic_compare_exchange_weak(&status_reader, &none, me); k++, none = 0) {
-        if (none == me)
-            return;
-        _al_spin_wait(k);
-    }
+    if (!_al_owned_lock(&status_reader))
+        return;
     bool ok = _al_proc_read("/proc/self/status", status, sizeof status) >= 0;
     for (unsigned i = 0; ok && i < n; i++) {
         char key[64];
@@ -119,7 +114,7 @@ void _al_proc_status_fields(const char *const fields[], long values[], unsigned 
         f += strspn(f, " \t");
         values[i] = (long)_al_proc_num(&f, 10);
     }
-    atomic_store(&status_reader, 0);
+    _al_owned_unlock(&status_reader, true);
 }
 
 /* A fork child has only the thread that forked: a read another thread had under way is no

@@ -133,56 +133,23 @@ AL_NOINLINE void _al_sample_forget_slow(const void *p, struct al_sample_undo *u)
         _al_sample_free(p, u); /* which finds whether it is one */
 }
 
-/* The sampler's two locks (the table's, and unwinding's below) hold their owner, the address
- * of a thread-local of the thread holding them, rather than block signals: that costs two
- * system calls, which at every sample cost malloc_bench 2% of its time in --mode sample. A
- * signal handler that interrupts the holder and comes back to the lock (its fork, whose
- * prepare handler takes both; its exit, whose report reads the table) finds it its own and
- * goes on without taking it. Before, such a fork spun for ever with signals blocked (by the
- * registry's lock, taken first), where SIGTERM could not end it. The handler's own
- * allocations come to neither: the thread is busy. */
-static __thread char owner_tag __attribute__((tls_model("initial-exec")));
+/* The sampler's two locks (the table's, and unwinding's below) are owned locks (spin.h), not
+ * ones that block signals: that costs two system calls, which at every sample cost malloc_bench
+ * 2% of its time in --mode sample. A signal handler that interrupts the holder and comes back
+ * to the lock (its fork, whose prepare handler takes both; its exit, whose report reads the
+ * table) finds it its own and goes on without taking it. Before, such a fork spun for ever with
+ * signals blocked (by the registry's lock, taken first), where SIGTERM could not end it. The
+ * handler's own allocations come to neither: the thread is busy. */
 
-/* The lock at L, *TOOK false where it was this thread's already. The wait gives up once UNLESS
- * (may be NULL) reads true: false then, the lock not held. */
-static bool owned_lock_unless(_Atomic uintptr_t *l, _Atomic bool *unless, bool *took)
-{
-    uintptr_t me = (uintptr_t)&owner_tag, none;
-    *took = false;
-    if (atomic_load_explicit(l, memory_order_relaxed) == me)
-        return true;
-    for (unsigned n = 0;; n++) {
-        none = 0;
-        if (atomic_compare_exchange_weak_explicit(l, &none, me, memory_order_acquire, memory_order_relaxed))
-            return *took = true;
-        if (unless && atomic_load(unless))
-            return false;
-        _al_spin_wait(n);
-    }
-}
-
-static bool owned_lock(_Atomic uintptr_t *l)
-{
-    bool took;
-    owned_lock_unless(l, NULL, &took);
-    return took;
-}
-
-static void owned_unlock(_Atomic uintptr_t *l, bool took)
-{
-    if (took)
-        atomic_store_explicit(l, 0, memory_order_release);
-}
-
-/* False where the lock was this thread's already (see owned_lock). */
+/* False where the lock was this thread's already. */
 static bool lock(void)
 {
-    return owned_lock(&s.lock);
+    return _al_owned_lock(&s.lock);
 }
 
 static void unlock(bool took)
 {
-    owned_unlock(&s.lock, took);
+    _al_owned_unlock(&s.lock, took);
 }
 
 /* ---- random draws -------------------------------------------------------------------------- */
@@ -334,13 +301,13 @@ static uint32_t site_of(const uintptr_t *frames, unsigned n)
  * whose threads then waited on it for good at their first sample. Unwinding is one thread at
  * a time under this lock, which fork takes first; unwind.c's table of frame rules is under it
  * too. A fork from a handler that interrupted the unwinding thread finds the lock its own
- * (owned_lock) and forks with that thread's unwind under way, to be finished in both
+ * (an owned lock) and forks with that thread's unwind under way, to be finished in both
  * processes once the handler returns. */
 static _Atomic uintptr_t unwind_lock;
 
 bool _al_sampler_unwind_lock(void)
 {
-    return owned_lock(&unwind_lock);
+    return _al_owned_lock(&unwind_lock);
 }
 
 /* The loader's lock, which dl_iterate_phdr holds while its callbacks run, comes after the
@@ -349,7 +316,7 @@ bool _al_sampler_unwind_lock(void)
  * lock, so its sample must not wait for a walk that waits for that lock: it took both the
  * program's threads down (host_dlopen iterate). The holder of the unwind lock says when it
  * enters dl_iterate_phdr (walker_in_loader); a thread inside one (in_loader) waits for the
- * unwind lock only until then (owned_lock_unless), and otherwise gives its stack up (the
+ * unwind lock only until then (_al_owned_lock_unless), and otherwise gives its stack up (the
  * sample counts, under no site). Any other wait for the lock ends, since the loader's lock is
  * held only briefly. */
 static __thread unsigned in_loader __attribute__((tls_model("initial-exec")));
@@ -357,19 +324,19 @@ static _Atomic bool walker_in_loader;
 
 void _al_sampler_loader_enter(void)
 {
-    if (in_loader++ == 0 && atomic_load_explicit(&unwind_lock, memory_order_relaxed) == (uintptr_t)&owner_tag)
+    if (in_loader++ == 0 && _al_owned_by_me(&unwind_lock))
         atomic_store(&walker_in_loader, true);
 }
 
 void _al_sampler_loader_leave(void)
 {
-    if (--in_loader == 0 && atomic_load_explicit(&unwind_lock, memory_order_relaxed) == (uintptr_t)&owner_tag)
+    if (--in_loader == 0 && _al_owned_by_me(&unwind_lock))
         atomic_store(&walker_in_loader, false);
 }
 
 void _al_sampler_unwind_unlock(bool took)
 {
-    owned_unlock(&unwind_lock, took);
+    _al_owned_unlock(&unwind_lock, took);
 }
 
 /* A walk reads the loader's counts (dl_iterate_phdr, the loader's lock held) before it takes the
@@ -445,7 +412,7 @@ int _al_sampler_backtrace(void **raw, int max)
     if (!loader_counts(&loaded))
         return 0;
     bool took;
-    if (!owned_lock_unless(&unwind_lock, in_loader ? &walker_in_loader : NULL, &took))
+    if (!_al_owned_lock_unless(&unwind_lock, in_loader ? &walker_in_loader : NULL, &took))
         return 0;
     _al_fds_ours = true; /* libunwind checks memory through a pipe it makes when it needs one */
     int n = _al_unwind_backtrace(raw, max, &loaded);

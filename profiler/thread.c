@@ -25,6 +25,7 @@ extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *obj, void *dso);
 extern void *__dso_handle;
 
 __thread struct al_thread *_al_tls __attribute__((tls_model("initial-exec")));
+__thread char _al_lock_owner __attribute__((tls_model("initial-exec"))); /* its address: spin.h */
 
 /* What every start writes comes first, on one page; the tables only exiting threads write
  * come after it. */

@@ -525,7 +525,8 @@ static void walk(struct walk_call *c)
     c->n = n >= 0 ? n : slow_walk(c->raw, c->max);
 }
 
-/* FN(C) with the stack pointer at TOP (16-byte aligned), and back. */
+/* FN(C) with the stack pointer at TOP (16-byte aligned), and back. Not swapcontext, as the
+ * report's own stack is reached (report.c): it sets the signal mask, two system calls a walk. */
 static void run_on_stack(void (*fn)(struct walk_call *), struct walk_call *c, char *top)
 {
     __asm__ volatile("mov %%rsp, %%rbx\n\t"
